@@ -1,0 +1,23 @@
+"""d3p: differentially private probabilistic programming for NumPyro.
+
+Importing d3p has no side effects: it changes no JAX configuration and
+selects no platform. The submodules are re-exported explicitly below.
+"""
+
+from d3p import accounting, dputil, gradients, minibatch, random, svi
+from d3p.svi import DPSVI, DPSVIState
+from d3p.version import VERSION
+
+__version__ = VERSION
+
+__all__ = [
+    "accounting",
+    "dputil",
+    "gradients",
+    "minibatch",
+    "random",
+    "svi",
+    "DPSVI",
+    "DPSVIState",
+    "__version__",
+]

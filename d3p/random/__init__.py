@@ -1,0 +1,35 @@
+"""Secure randomness for d3p: a PRNG suite on ChaCha20 (RFC 8439) in pure JAX.
+
+The suite is a module with a fixed interface (``PRNGKey``, ``PRNGState``,
+``split``, ``fold_in``, ``random_bits``, ``uniform``, ``normal``, ``randint``,
+``convert_to_jax_rng_key``). Pass ``rng_suite=d3p.random`` (the default) to
+d3p's samplers and to :class:`d3p.svi.DPSVI` for privacy noise and batch
+selection; ``d3p.random.debug`` has the same interface on JAX's fast,
+non-cryptographic generator and is meant for debugging only.
+"""
+
+from d3p.random import debug
+from d3p.random.chacha import (
+    PRNGKey,
+    PRNGState,
+    convert_to_jax_rng_key,
+    fold_in,
+    normal,
+    randint,
+    random_bits,
+    split,
+    uniform,
+)
+
+__all__ = [
+    "PRNGKey",
+    "PRNGState",
+    "split",
+    "fold_in",
+    "random_bits",
+    "uniform",
+    "normal",
+    "randint",
+    "convert_to_jax_rng_key",
+    "debug",
+]

@@ -1,0 +1,384 @@
+"""ChaCha20 (RFC 8439) in ``jax.numpy`` uint32 arithmetic, and a PRNG suite on it.
+
+The cipher is written with plain 32-bit integer operations (add, xor,
+rotate), so it runs under ``jit``/``vmap``/``grad``-free code on every JAX
+backend without custom operations.
+
+A key of this suite is a ``uint32`` array of shape ``(8,)``: a 256-bit ChaCha20
+key. Every output is ChaCha20's keystream for that key under a nonce that
+separates purposes, so no two functions of the suite ever read the same part
+of one stream:
+
+========================  =====================  ============================
+purpose                   nonce (3 words)         block counter
+========================  =====================  ============================
+``random_bits`` output    ``(0, 0, 0)``           0, 1, 2, ... (one per block)
+``split``                 ``(1, 0, 0)``           index of the child key
+``fold_in(key, data)``    ``(2, data, 0)``        0
+``convert_to_jax_rng_key`` ``(3, 0, 0)``          0
+========================  =====================  ============================
+
+A child key (from ``split`` or ``fold_in``) is the first 8 words of one
+keystream block; with ChaCha20 as a pseudo-random function these are
+independent uniform keys for distinct (purpose, index) pairs.
+"""
+
+import os
+from typing import Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.scipy.special import ndtri
+
+__all__ = [
+    "PRNGKey",
+    "PRNGState",
+    "split",
+    "fold_in",
+    "random_bits",
+    "uniform",
+    "normal",
+    "randint",
+    "convert_to_jax_rng_key",
+    "chacha20_block",
+]
+
+#: Type of a key of this suite: a ``uint32`` array of shape ``(8,)``.
+PRNGState = jax.Array
+
+_KEY_WORDS = 8
+_CONSTANTS = np.array([0x61707865, 0x3320646E, 0x79622D32, 0x6B206574], dtype=np.uint32)
+
+_NONCE_BITS = 0
+_NONCE_SPLIT = 1
+_NONCE_FOLD_IN = 2
+_NONCE_JAX_KEY = 3
+
+
+def _rotl(x: jax.Array, n: int) -> jax.Array:
+    return (x << np.uint32(n)) | (x >> np.uint32(32 - n))
+
+
+def _quarter_round(s, a, b, c, d):
+    s[a] = s[a] + s[b]
+    s[d] = _rotl(s[d] ^ s[a], 16)
+    s[c] = s[c] + s[d]
+    s[b] = _rotl(s[b] ^ s[c], 12)
+    s[a] = s[a] + s[b]
+    s[d] = _rotl(s[d] ^ s[a], 8)
+    s[c] = s[c] + s[d]
+    s[b] = _rotl(s[b] ^ s[c], 7)
+
+
+def _double_round(_, state):
+    s = list(state)
+    _quarter_round(s, 0, 4, 8, 12)
+    _quarter_round(s, 1, 5, 9, 13)
+    _quarter_round(s, 2, 6, 10, 14)
+    _quarter_round(s, 3, 7, 11, 15)
+    _quarter_round(s, 0, 5, 10, 15)
+    _quarter_round(s, 1, 6, 11, 12)
+    _quarter_round(s, 2, 7, 8, 13)
+    _quarter_round(s, 3, 4, 9, 14)
+    return tuple(s)
+
+
+def chacha20_block(key: jax.Array, counter: jax.Array, nonce: Sequence) -> jax.Array:
+    """The ChaCha20 block function of RFC 8439, section 2.3.
+
+    :param jax.Array key: ``uint32[8]``, the 256-bit key as little-endian words.
+    :param jax.Array counter: ``uint32`` array of block counters (any shape ``S``).
+    :param nonce: three ``uint32`` words (scalars or arrays broadcastable to ``S``).
+    :return: ``uint32`` array of shape ``S + (16,)``: the serialised keystream
+        blocks as little-endian words.
+    """
+    key = jnp.asarray(key, dtype=jnp.uint32)
+    counter = jnp.asarray(counter, dtype=jnp.uint32)
+    nonce = [jnp.asarray(n, dtype=jnp.uint32) for n in nonce]
+    shape = jnp.broadcast_shapes(counter.shape, *(n.shape for n in nonce))
+    init = (
+        [jnp.broadcast_to(jnp.uint32(c), shape) for c in _CONSTANTS]
+        + [jnp.broadcast_to(key[i], shape) for i in range(_KEY_WORDS)]
+        + [jnp.broadcast_to(counter, shape)]
+        + [jnp.broadcast_to(n, shape) for n in nonce]
+    )
+    out = lax.fori_loop(0, 10, _double_round, tuple(init))
+    return jnp.stack([o + i for o, i in zip(out, init)], axis=-1)
+
+
+def _check_key(key) -> jax.Array:
+    key = jnp.asarray(key)
+    if key.shape[-1:] != (_KEY_WORDS,) or key.dtype != jnp.uint32:
+        raise TypeError(
+            f"Expected a d3p.random key (uint32 array of shape (8,)), got an array of "
+            f"shape {key.shape} and dtype {key.dtype}. Create one with d3p.random.PRNGKey."
+        )
+    if key.ndim != 1:
+        raise ValueError(
+            f"Expected a single key of shape (8,), got shape {key.shape}; use jax.vmap over "
+            "a batch of keys."
+        )
+    return key
+
+
+def PRNGKey(seed: Optional[Union[int, jax.typing.ArrayLike]] = None) -> PRNGState:
+    """Create a key for the secure ChaCha20 suite.
+
+    :param seed: ``None`` (default) draws a fresh 256-bit key from the operating
+        system's entropy source (``os.urandom``); this is what private runs
+        should use. A non-negative Python integer below 2**256 gives a
+        reproducible key (its 256 bits, little-endian); an integer array (also
+        traced) fills the lowest word.
+    :return: the key, a ``uint32`` array of shape ``(8,)``.
+
+    **Formal guarantees.** With ``seed=None`` the key is uniform over 256 bits
+    as far as the OS source is. A key from an integer seed is only as
+    unpredictable as the seed: noise drawn from a guessable key gives no
+    privacy.
+
+    >>> import d3p.random
+    >>> d3p.random.PRNGKey(0).shape
+    (8,)
+    """
+    if seed is None:
+        return jnp.asarray(np.frombuffer(os.urandom(4 * _KEY_WORDS), dtype="<u4").astype(np.uint32))
+    if isinstance(seed, (bool, np.bool_)):
+        raise TypeError(f"Expected seed to be an integer or None, got seed={seed!r}.")
+    if isinstance(seed, (int, np.integer)):
+        seed = int(seed)
+        if seed < 0 or seed >= 2**256:
+            raise ValueError(f"Expected seed in [0, 2**256), got seed={seed}.")
+        words = [(seed >> (32 * i)) & 0xFFFFFFFF for i in range(_KEY_WORDS)]
+        return jnp.asarray(np.array(words, dtype=np.uint32))
+    seed = jnp.asarray(seed)
+    if not jnp.issubdtype(seed.dtype, jnp.integer) or seed.ndim != 0:
+        raise TypeError(
+            f"Expected seed to be an integer scalar or None, got dtype {seed.dtype} shape {seed.shape}."
+        )
+    return jnp.zeros(_KEY_WORDS, jnp.uint32).at[0].set(seed.astype(jnp.uint32))
+
+
+def split(key: PRNGState, num: int = 2) -> jax.Array:
+    """Split a key into ``num`` new independent keys.
+
+    :param key: a key of this suite.
+    :param int num: number of keys to make (static).
+    :return: ``uint32`` array of shape ``(num, 8)``.
+    """
+    key = _check_key(key)
+    num = int(num)
+    if num < 1:
+        raise ValueError(f"Expected num >= 1, got num={num}.")
+    blocks = chacha20_block(key, jnp.arange(num, dtype=jnp.uint32), (_NONCE_SPLIT, 0, 0))
+    return blocks[:, :_KEY_WORDS]
+
+
+def fold_in(key: PRNGState, data: jax.typing.ArrayLike) -> PRNGState:
+    """Derive a new key from ``key`` and a 32-bit integer ``data``.
+
+    Distinct ``data`` values give independent keys (and keys independent of
+    those from :func:`split`). ``data`` may be traced; an integer array is
+    taken modulo 2**32, a Python integer must lie in ``[0, 2**32)``.
+    """
+    key = _check_key(key)
+    if isinstance(data, (int, np.integer)) and not isinstance(data, (bool, np.bool_)):
+        if not 0 <= int(data) < 2**32:
+            raise ValueError(f"Expected data in [0, 2**32), got data={int(data)}.")
+        data = np.uint32(int(data))
+    data = jnp.asarray(data)
+    if not jnp.issubdtype(data.dtype, jnp.integer):
+        raise TypeError(f"Expected integer data, got dtype {data.dtype}.")
+    block = chacha20_block(key, jnp.uint32(0), (_NONCE_FOLD_IN, data.astype(jnp.uint32), 0))
+    return block[..., :_KEY_WORDS]
+
+
+def _keystream_words(key: jax.Array, num_words: int) -> jax.Array:
+    num_blocks = -(-num_words // 16)
+    blocks = chacha20_block(key, jnp.arange(num_blocks, dtype=jnp.uint32), (_NONCE_BITS, 0, 0))
+    return blocks.reshape(-1)[:num_words]
+
+
+def _canonical_shape(shape) -> tuple:
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"Expected a shape of non-negative sizes, got shape={shape}.")
+    return shape
+
+
+def random_bits(key: PRNGState, bit_width: int = 32, shape: Sequence[int] = ()) -> jax.Array:
+    """Uniformly random bits from the ChaCha20 keystream.
+
+    :param key: a key of this suite.
+    :param int bit_width: 8, 16, 32 or 64 (64 needs ``jax_enable_x64``).
+    :param shape: output shape.
+    :return: unsigned integers of ``bit_width`` bits, of the given shape.
+    """
+    key = _check_key(key)
+    shape = _canonical_shape(shape)
+    size = int(np.prod(shape, dtype=np.int64))
+    if bit_width in (8, 16, 32):
+        words = _keystream_words(key, max(size, 1))[:size]
+        dtype = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}[bit_width]
+        return words.astype(dtype).reshape(shape)
+    if bit_width == 64:
+        if not jax.config.jax_enable_x64:
+            raise ValueError("bit_width=64 requires jax_enable_x64; use bit_width=32 otherwise.")
+        words = _keystream_words(key, max(2 * size, 1))[: 2 * size].astype(jnp.uint64)
+        return (words[0::2] | (words[1::2] << 32)).reshape(shape)
+    raise ValueError(f"Expected bit_width in (8, 16, 32, 64), got bit_width={bit_width}.")
+
+
+def _float_info(dtype):
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"Expected a floating dtype, got dtype={dtype}.")
+    if dtype == jnp.float64 and not jax.config.jax_enable_x64:
+        dtype = jnp.dtype(jnp.float32)
+    return dtype
+
+
+def uniform(
+    key: PRNGState,
+    shape: Sequence[int] = (),
+    dtype=jnp.float32,
+    minval: jax.typing.ArrayLike = 0.0,
+    maxval: jax.typing.ArrayLike = 1.0,
+) -> jax.Array:
+    """Uniform floats in ``[minval, maxval)``.
+
+    In ``[0, 1)`` the values are multiples of 2**-24 (float32), 2**-53
+    (float64), 2**-11 (float16) or 2**-8 (bfloat16), every multiple with
+    equal probability.
+    """
+    dtype = _float_info(dtype)
+    shape = _canonical_shape(shape)
+    if dtype == jnp.float64:
+        bits = random_bits(key, 64, shape)
+        unit = (bits >> 11).astype(jnp.float64) * (2.0**-53)
+    else:
+        # as many top bits as the dtype's significand holds: the value is exact
+        # in float32 and in ``dtype``, so no rounding can move it (to 1.0 or
+        # onto a neighbour)
+        nbits = min(jnp.finfo(dtype).nmant + 1, 24)
+        bits = random_bits(key, 32, shape)
+        unit = (bits >> np.uint32(32 - nbits)).astype(jnp.float32) * np.float32(2.0**-nbits)
+    minval = jnp.asarray(minval, dtype)
+    maxval = jnp.asarray(maxval, dtype)
+    out = minval + unit.astype(dtype) * (maxval - minval)
+    # rounding in the affine map must not reach maxval
+    return jnp.minimum(out, jnp.nextafter(maxval, minval)).astype(dtype)
+
+
+def normal(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32) -> jax.Array:
+    """Standard normal samples.
+
+    Each sample uses 64 keystream bits: one for the sign, 63 for a tail
+    probability ``p`` in ``(0, 1)`` whose resolution is finest near 0, and the
+    magnitude is the inverse normal CDF at ``p / 2``. Magnitudes up to about
+    9.5 are reachable, so the tails are correct to far below any privacy
+    parameter in use (P(|Z| > 9.5) < 3e-21), unlike inversion of a single
+    24-bit uniform, which stops at about 5.4.
+    """
+    out_dtype = _float_info(dtype)
+    # narrower floats (float16, bfloat16) cannot hold p; compute in float32
+    dtype = jnp.dtype(jnp.float64) if out_dtype == jnp.float64 else jnp.dtype(jnp.float32)
+    shape = _canonical_shape(shape)
+    size = int(np.prod(shape, dtype=np.int64))
+    key = _check_key(key)
+    words = _keystream_words(key, max(2 * size, 1))[: 2 * size]
+    hi, lo = words[0::2], words[1::2]
+    sign = jnp.where((hi & np.uint32(1)) == 1, -1.0, 1.0).astype(dtype)
+    hi = (hi >> np.uint32(1)).astype(dtype)
+    lo = lo.astype(dtype)
+    # p = (hi + (lo + 0.5) / 2**32) / 2**31, in (0, 1)
+    p = (hi + (lo + 0.5) * np.float32(2.0**-32).astype(dtype)) * np.float32(2.0**-31).astype(dtype)
+    magnitude = -ndtri(p * 0.5)
+    return (sign * magnitude).astype(out_dtype).reshape(shape)
+
+
+def _mulhi_u32(a: jax.Array, b: jax.Array):
+    """High and low 32-bit words of the 64-bit product of two uint32 arrays."""
+    mask = np.uint32(0xFFFF)
+    a_lo, a_hi = a & mask, a >> np.uint32(16)
+    b_lo, b_hi = b & mask, b >> np.uint32(16)
+    ll = a_lo * b_lo
+    lh = a_lo * b_hi
+    hl = a_hi * b_lo
+    hh = a_hi * b_hi
+    mid = (ll >> np.uint32(16)) + (lh & mask) + (hl & mask)
+    hi = hh + (lh >> np.uint32(16)) + (hl >> np.uint32(16)) + (mid >> np.uint32(16))
+    lo = a * b
+    return hi, lo
+
+
+def randint(
+    key: PRNGState,
+    shape: Sequence[int] = (),
+    minval: jax.typing.ArrayLike = 0,
+    maxval: jax.typing.ArrayLike = None,
+    dtype=jnp.int32,
+) -> jax.Array:
+    """Uniform integers in ``[minval, maxval)``.
+
+    Computed as ``minval + floor(x * span / 2**64)`` from a 64-bit keystream
+    value ``x`` and ``span = maxval - minval`` (below 2**32): every value has
+    probability within ``2**-32`` relative error of ``1/span`` (the largest absolute
+    deviation is below ``2**-32``). ``minval`` and ``maxval`` may be traced arrays that
+    broadcast against ``shape``; Python integer bounds are checked: the values
+    ``minval`` to ``maxval - 1`` must fit in ``dtype``.
+    """
+    if maxval is None:
+        raise TypeError("randint requires maxval (an upper bound, exclusive).")
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise TypeError(f"Expected an integer dtype, got dtype={dtype}.")
+    shape = _canonical_shape(shape)
+    size = int(np.prod(shape, dtype=np.int64))
+    key = _check_key(key)
+    if isinstance(minval, (int, np.integer)) and isinstance(maxval, (int, np.integer)):
+        minval, maxval = int(minval), int(maxval)
+        if maxval <= minval:
+            raise ValueError(f"Expected maxval > minval, got minval={minval}, maxval={maxval}.")
+        if maxval - minval >= 2**32:
+            raise ValueError(f"Expected maxval - minval < 2**32, got {maxval - minval}.")
+        canonical = jax.dtypes.canonicalize_dtype(dtype)
+        info = jnp.iinfo(canonical)
+        if minval < info.min:
+            raise ValueError(f"Expected minval >= {info.min} for dtype={dtype}, got minval={minval}.")
+        if maxval - 1 > info.max:
+            raise ValueError(f"Expected maxval <= {info.max + 1} for dtype={dtype}, got maxval={maxval}.")
+        # built here, exactly: maxval itself need not fit in dtype (or in int32)
+        minval_a = jnp.full(shape, minval, canonical)
+        span = jnp.full((size,), maxval - minval, jnp.uint32)
+    else:
+        minval_a = jnp.broadcast_to(jnp.asarray(minval), shape)
+        maxval_a = jnp.broadcast_to(jnp.asarray(maxval), shape)
+        # the difference modulo 2**32 is the span, exactly, for any span below 2**32
+        span = maxval_a.astype(jnp.uint32) - minval_a.astype(jnp.uint32)
+        span = span.reshape(-1)
+    words = _keystream_words(key, max(2 * size, 1))[: 2 * size]
+    hi, lo = words[0::2], words[1::2]
+    # floor((hi * 2**32 + lo) * span / 2**64)
+    p1_hi, p1_lo = _mulhi_u32(hi, span)
+    p2_hi, _ = _mulhi_u32(lo, span)
+    carry = ((p1_lo + p2_hi) < p1_lo).astype(jnp.uint32)
+    offset = p1_hi + carry
+    out = minval_a.reshape(-1).astype(dtype) + offset.astype(dtype)
+    return out.reshape(shape)
+
+
+def convert_to_jax_rng_key(key: PRNGState) -> jax.Array:
+    """Derive a key for ``jax.random`` (and NumPyro) from a key of this suite.
+
+    The result has the shape of ``jax.random.PRNGKey`` under JAX's default
+    implementation. Use it only where JAX's non-cryptographic generator is
+    acceptable (e.g. the ELBO's Monte Carlo samples), never for privacy noise.
+    """
+    key = _check_key(key)
+    n = jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape[-1]
+    block = chacha20_block(key, jnp.uint32(0), (_NONCE_JAX_KEY, 0, 0))
+    return block[:n]

@@ -1,0 +1,91 @@
+"""The d3p PRNG suite interface on JAX's default (non-cryptographic) generator.
+
+Fast and reproducible, for debugging and tests only: JAX's generator is not
+designed to resist an adversary who tries to predict the noise, so a private
+release made with it carries no formal guarantee. :func:`PRNGKey` warns.
+"""
+
+import warnings
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "PRNGKey",
+    "PRNGState",
+    "split",
+    "fold_in",
+    "random_bits",
+    "uniform",
+    "normal",
+    "randint",
+    "convert_to_jax_rng_key",
+]
+
+#: Type of a key of this suite: a key of ``jax.random``.
+PRNGState = jax.Array
+
+
+class DebugRNGWarning(UserWarning):
+    """Warns that the non-cryptographic debug PRNG suite is in use."""
+
+
+def PRNGKey(seed: Optional[jax.typing.ArrayLike] = None) -> PRNGState:
+    """A ``jax.random`` key; ``seed=None`` draws a seed from OS entropy.
+
+    Warns with :class:`DebugRNGWarning`: results are not private.
+    """
+    warnings.warn(
+        "d3p.random.debug uses JAX's non-cryptographic PRNG: use it for debugging only, "
+        "never for a private release (use d3p.random instead).",
+        DebugRNGWarning,
+        stacklevel=2,
+    )
+    if seed is None:
+        seed = int(np.frombuffer(np.random.default_rng().bytes(4), dtype=np.uint32)[0])
+    return jax.random.PRNGKey(seed)
+
+
+def split(key: PRNGState, num: int = 2) -> jax.Array:
+    """As :func:`jax.random.split`."""
+    return jax.random.split(key, num)
+
+
+def fold_in(key: PRNGState, data: jax.typing.ArrayLike) -> PRNGState:
+    """As :func:`jax.random.fold_in`."""
+    return jax.random.fold_in(key, data)
+
+
+def random_bits(key: PRNGState, bit_width: int = 32, shape: Sequence[int] = ()) -> jax.Array:
+    """As :func:`jax.random.bits`."""
+    dtype = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32, 64: jnp.uint64}.get(bit_width)
+    if dtype is None:
+        raise ValueError(f"Expected bit_width in (8, 16, 32, 64), got bit_width={bit_width}.")
+    if bit_width == 64 and not jax.config.jax_enable_x64:
+        # as the secure suite: no silent truncation to 32 bits
+        raise ValueError("bit_width=64 requires jax_enable_x64; use bit_width=32 otherwise.")
+    return jax.random.bits(key, shape, dtype)
+
+
+def uniform(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32, minval=0.0, maxval=1.0):
+    """As :func:`jax.random.uniform`."""
+    return jax.random.uniform(key, shape, dtype, minval, maxval)
+
+
+def normal(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32) -> jax.Array:
+    """As :func:`jax.random.normal`."""
+    return jax.random.normal(key, shape, dtype)
+
+
+def randint(key: PRNGState, shape: Sequence[int] = (), minval=0, maxval=None, dtype=jnp.int32):
+    """As :func:`jax.random.randint`."""
+    if maxval is None:
+        raise TypeError("randint requires maxval (an upper bound, exclusive).")
+    return jax.random.randint(key, shape, minval, maxval, dtype)
+
+
+def convert_to_jax_rng_key(key: PRNGState) -> jax.Array:
+    """Returns ``key`` itself: keys of this suite are ``jax.random`` keys."""
+    return key

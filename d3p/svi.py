@@ -1,0 +1,710 @@
+"""Differentially private stochastic variational inference (DP-VI) for NumPyro.
+
+:class:`DPSVI` is a drop-in replacement for :class:`numpyro.infer.SVI`: the
+same constructor arguments (plus the clipping threshold and the noise
+multiplier), the same methods and states, and parameters that work with
+``numpyro.infer.Predictive`` as after SVI.
+"""
+
+import math
+import warnings
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+from jax import lax
+from numpyro.handlers import seed, substitute, trace
+from numpyro.infer.svi import SVI, SVIRunResult
+from numpyro.optim import Minimize
+
+import d3p.random
+from d3p import gradients
+from d3p.gradients import add_gaussian_noise, clipped_grad_sum
+
+__all__ = ["DPSVI", "DPSVIState", "DPSVIRunResult"]
+
+
+class DPSVIState(NamedTuple):
+    """State of :class:`DPSVI`, a pytree.
+
+    - **optim_state** - the optimizer's state (holds the unconstrained
+      variational parameters); as in :data:`numpyro.infer.svi.SVIState`.
+    - **mutable_state** - always ``None``: DP-VI does not support mutable
+      state (see :class:`DPSVI`).
+    - **rng_key** - the key of the PRNG suite (``d3p.random`` by default) from
+      which the next step draws its privacy noise and Monte Carlo samples.
+    """
+
+    optim_state: Any
+    mutable_state: Any
+    rng_key: Any
+
+
+class DPSVIRunResult(SVIRunResult):
+    """:data:`numpyro.infer.svi.SVIRunResult` ``(params, state, losses)`` from
+    :meth:`DPSVI.run`, with the privacy spent as attributes.
+
+    Attributes (not tuple fields, so ``params, state, losses = result`` works
+    as in NumPyro): ``epsilon``, ``delta``, ``relation``, ``sigma``, ``q``,
+    ``num_steps``. ``losses`` are NOT private.
+    """
+
+
+def _is_per_record(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and np.ndim(x) >= 1
+
+
+def _leaf_names(args, kwargs):
+    """Human-readable names for the leaves of (args, kwargs)."""
+    paths, _ = jax.tree_util.tree_flatten_with_path((args, kwargs))
+    names = []
+    for path, _ in paths:
+        head, rest = path[0], path[1:]
+        if head.idx == 0:
+            name = f"args[{path[1].idx}]"
+            rest = path[2:]
+        else:
+            name = repr(path[1].key)
+            rest = path[2:]
+        names.append(name + "".join(str(p) for p in rest))
+    return names
+
+
+def _split_records(args, kwargs, *, expected_size=None, what="batch"):
+    """Separate per-record arrays (leading dim = the number of records) from shared
+    scalars. Returns (records, rebuild, size) where ``rebuild(records)`` gives
+    ``(args, kwargs)`` back."""
+    leaves, treedef = jax.tree.flatten((args, kwargs))
+    names = _leaf_names(args, kwargs)
+    per_record = [_is_per_record(x) for x in leaves]
+    size = expected_size
+    first_name = None
+    for name, leaf, is_rec in zip(names, leaves, per_record):
+        if not is_rec:
+            continue
+        n = int(np.shape(leaf)[0])
+        if size is None:
+            size, first_name = n, name
+        elif n != size:
+            ref = f"{first_name} has {size}" if first_name else f"the {what} has {size} records"
+            raise ValueError(
+                f"Expected every array argument to hold one row per record, but {name} has "
+                f"leading dimension {n} and {ref}. DPSVI treats every array passed to "
+                "update/run/evaluate as per-record data; pass values shared by all records "
+                "(e.g. group-level covariates) as keyword arguments to the DPSVI constructor."
+            )
+    if size is None:
+        raise ValueError(
+            "Expected at least one per-record data array among the arguments (DP-VI "
+            "needs the records to clip each one's contribution)."
+        )
+    records = [x if r else None for x, r in zip(leaves, per_record)]
+    shared = [None if r else x for x, r in zip(leaves, per_record)]
+
+    def rebuild(recs):
+        merged = [r if p else s for r, s, p in zip(recs, shared, per_record)]
+        return jax.tree.unflatten(treedef, merged)
+
+    return records, rebuild, size, per_record
+
+
+def _check_positive_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"Expected {name} to be an integer >= {minimum}, got {name}={value!r}.")
+    return int(value)
+
+
+class DPSVI(SVI):
+    """Differentially private stochastic variational inference.
+
+    Drop-in replacement for :class:`numpyro.infer.SVI`. Each step
+    (:meth:`update`) computes, for a batch of ``B`` records from a data set of
+    ``N``:
+
+    1. the ELBO loss of every record alone, each with its own guide sample
+       (the model is run on a batch holding only that record, vectorised with
+       ``vmap``); with ``clip_unscaled_observations=True`` the loss is divided by
+       the record's observation scale (the plate's ``N / 1``), so that ``C``
+       bounds the record's own likelihood term whatever ``N`` is, and the
+       data-independent prior/entropy terms enter with weight ``1 / N``;
+    2. its gradient over all variational parameters, clipped as one vector to
+       L2 norm at most ``C`` (``clipping_threshold``);
+    3. the sum over real records of the clipped gradients plus Gaussian noise of
+       standard deviation ``dp_scale * C`` in every coordinate, drawn from
+       ``rng_suite``;
+    4. that noisy sum times ``N / B`` (with ``B`` the batch size, or the public
+       ``expected_batch_size`` under Poisson sampling; never the realised count),
+       the full-data ELBO gradient scale; then one optimizer step.
+
+    With ``clip_unscaled_observations=False`` the per-record loss keeps the
+    plate scale (``C`` then bounds ``N`` times a record's term) and step 4
+    multiplies by ``1 / B`` instead.
+
+    The model must declare its records with a plate that subsamples, e.g.
+    ``with numpyro.plate("data", N, subsample_size=xs.shape[0])``, as in
+    minibatch SVI: the observation scale it sets is how DPSVI knows ``N``.
+
+    **Formal guarantees.** Under either neighbouring relation the released
+    quantity of one step is the noisy clipped sum (step 3); everything after it
+    is post-processing. The sum changes by at most ``C`` in L2 norm when one
+    record is added, removed or masked out, and by at most ``2 C`` when one is
+    substituted, whatever the model, the data and the non-finite values in
+    per-record gradients (which are zeroed). Padded records (``mask`` False)
+    contribute exactly zero; an empty batch yields pure noise, never ``nan``.
+    The noise scale depends only on ``dp_scale`` and ``C``. Privacy over a run
+    follows from the sampling of batches: use the samplers of
+    :mod:`d3p.minibatch` (or :meth:`run`) with the matching accountant
+    (:meth:`get_epsilon`). The loss returned by :meth:`update`,
+    :meth:`evaluate` and :meth:`run` is computed from the un-noised data and is
+    NOT private; so is anything else derived from the data without noise.
+
+    :param model: NumPyro model; its records must sit under a subsampling plate.
+    :param guide: NumPyro guide (e.g. an autoguide).
+    :param optim: a NumPyro optimizer, a ``jax.example_libraries`` optimizer or
+        an ``optax`` transformation. Optimizers that use the loss value
+        (``numpyro.optim.Minimize``, ``update_with_value``) are refused: the loss
+        is not private.
+    :param per_example_loss: the ELBO, e.g. ``numpyro.infer.Trace_ELBO()``,
+        evaluated on one record at a time.
+    :param float clipping_threshold: ``C > 0``, finite; ``inf`` only together
+        with ``dp_scale=0`` (no privacy, for testing).
+    :param float dp_scale: the noise multiplier ``sigma >= 0``
+        (from :func:`d3p.dputil.approximate_sigma`).
+    :param rng_suite: the PRNG suite for noise and batch selection;
+        :mod:`d3p.random` (ChaCha20) by default, :mod:`d3p.random.debug` for
+        debugging.
+    :param bool clip_unscaled_observations: see above; default True.
+    :param str gradient_strategy: how per-record gradients are formed: ``"vmap"``
+        (default) or ``"chunked"``; all give the same clipped sum.
+    :param int chunk_size: records per chunk for ``gradient_strategy="chunked"``.
+    :param static_kwargs: keyword arguments passed to model and guide at every
+        call, shared by all records (e.g. ``N``, or group-level data).
+
+    **Example**
+
+    .. doctest::
+
+        >>> import jax.numpy as jnp
+        >>> import numpyro, numpyro.distributions as dist
+        >>> from numpyro.infer import Trace_ELBO
+        >>> from numpyro.infer.autoguide import AutoDiagonalNormal
+        >>> import d3p.random
+        >>> from d3p.svi import DPSVI
+        >>> def model(xs, N):
+        ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
+        ...     with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        ...         numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
+        >>> xs = jnp.linspace(0.0, 2.0, 100)
+        >>> guide = AutoDiagonalNormal(model)
+        >>> svi = DPSVI(model, guide, numpyro.optim.Adam(0.05), Trace_ELBO(),
+        ...             clipping_threshold=2.0, dp_scale=1.0, N=100)
+        >>> result = svi.run(d3p.random.PRNGKey(0), 500, xs, batch_size=10,
+        ...                  progress_bar=False)
+        >>> result.params["auto_loc"].shape
+        (1,)
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        guide: Callable,
+        optim,
+        per_example_loss,
+        clipping_threshold: float,
+        dp_scale: float,
+        rng_suite=d3p.random,
+        clip_unscaled_observations: bool = True,
+        gradient_strategy: str = "vmap",
+        chunk_size: Optional[int] = None,
+        **static_kwargs,
+    ):
+        if isinstance(optim, Minimize) or getattr(optim, "update_with_value", False):
+            raise ValueError(
+                f"optim={type(optim).__name__} uses the loss value to update, but the loss is "
+                "computed from un-noised data and is not private; choose a gradient-based "
+                "optimizer such as numpyro.optim.Adam."
+            )
+        super().__init__(model, guide, optim, per_example_loss, **static_kwargs)
+        C = clipping_threshold
+        if isinstance(C, bool) or not isinstance(C, (int, float, np.integer, np.floating)):
+            raise TypeError(f"Expected clipping_threshold to be a number, got {C!r}.")
+        s = dp_scale
+        if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)):
+            raise TypeError(f"Expected dp_scale to be a number, got {s!r}.")
+        if not math.isfinite(s) or s < 0:
+            raise ValueError(f"Expected dp_scale to be finite and >= 0, got dp_scale={s}.")
+        if math.isnan(C) or C <= 0:
+            raise ValueError(f"Expected clipping_threshold > 0, got clipping_threshold={C}.")
+        if math.isinf(C) and s != 0:
+            raise ValueError(
+                f"Expected a finite clipping_threshold, got clipping_threshold={C} with "
+                f"dp_scale={s}: the noise would be infinite. (C=inf is allowed only with "
+                "dp_scale=0, i.e. without privacy.)"
+            )
+        if gradient_strategy not in gradients.STRATEGIES:
+            raise ValueError(
+                f"Expected gradient_strategy in {gradients.STRATEGIES}, got "
+                f"gradient_strategy={gradient_strategy!r}."
+            )
+        if chunk_size is not None:
+            _check_positive_int("chunk_size", chunk_size)
+        self.clipping_threshold = float(C)
+        self.dp_scale = float(s)
+        self.rng_suite = rng_suite
+        self.clip_unscaled_observations = bool(clip_unscaled_observations)
+        self.gradient_strategy = gradient_strategy
+        self.chunk_size = chunk_size
+        # per_example_loss is also available as self.loss (numpyro's name)
+        self.per_example_loss = per_example_loss
+
+    # ---------------------------------------------------------------- helpers
+
+    def _observation_scale(self, rng_key, params, args, kwargs):
+        """The scale of the observed sites of the model on one record's batch."""
+        model = seed(substitute(self.model, data=params), rng_key)
+        tr = trace(model).get_trace(*args, **kwargs, **self.static_kwargs)
+        observed = [s for s in tr.values() if s["type"] == "sample" and s["is_observed"]]
+        for site in tr.values():
+            if site["type"] == "mutable":
+                raise ValueError(
+                    f"The model has mutable state (site {site['name']!r}). DP-VI cannot "
+                    "support it: mutable state is updated from the un-noised data and "
+                    "would leak it without any privacy guarantee."
+                )
+        if not observed:
+            raise ValueError(
+                "The model has no observed sample sites. DP-VI needs the data to enter the "
+                "model through observed sites under a plate over the records."
+            )
+        scales = [s["scale"] for s in observed]
+        if any(sc is None for sc in scales):
+            unscaled = [s["name"] for s in observed if s["scale"] is None]
+            raise ValueError(
+                f"The observed site(s) {unscaled} are not under a subsampling plate. DP-VI "
+                "clips each record's contribution and rescales the sum to the full data set, "
+                "so the model must declare its records with e.g. "
+                "`with numpyro.plate('data', N, subsample_size=xs.shape[0]):` so that a "
+                "batch's likelihood is scaled by N / batch size."
+            )
+        concrete = [sc for sc in scales if not isinstance(sc, jax.core.Tracer)]
+        if len(concrete) == len(scales) and any(
+            np.shape(sc) != () or not np.allclose(sc, scales[0]) for sc in concrete
+        ):
+            raise ValueError(
+                f"The observed sites {[s['name'] for s in observed]} have different or "
+                f"non-scalar scales {[np.asarray(sc).tolist() for sc in scales]}. DP-VI needs all "
+                "observations of a record under one plate over the records."
+            )
+        return jnp.asarray(scales[0], jnp.float32)
+
+    def _record_loss_fn(self, rebuild, per_record):
+        """loss(params, record) of one record, ``record = (jax_key, leaves)``."""
+
+        def record_loss(params, record):
+            key, leaves = record
+            leaves = [jnp.expand_dims(x, 0) if p else None for x, p in zip(leaves, per_record)]
+            args, kwargs = rebuild(leaves)
+            constrained = self.constrain_fn(params)
+            loss = self.loss.loss(
+                key, constrained, self.model, self.guide, *args, **kwargs, **self.static_kwargs
+            )
+            if self.clip_unscaled_observations:
+                loss = loss / self._observation_scale(key, constrained, args, kwargs)
+            return loss
+
+        return record_loss
+
+    def _check_state(self, svi_state):
+        if not isinstance(svi_state, DPSVIState):
+            raise TypeError(
+                f"Expected svi_state to be a DPSVIState (from DPSVI.init), got {type(svi_state).__name__}."
+            )
+
+    # ------------------------------------------------------------------ API
+
+    def init(self, rng_key, *args, init_params=None, **kwargs) -> DPSVIState:
+        """Gets the initial :class:`DPSVIState`.
+
+        :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey(...)``).
+        :param args: a batch of per-record data, as for :meth:`update`.
+        :param dict init_params: if not None, initial values of param sites.
+        :param kwargs: per-record keyword data for model and guide.
+        :return: the initial state.
+        """
+        rng_key, init_key = self.rng_suite.split(rng_key, 2)
+        jax_init_key = self.rng_suite.convert_to_jax_rng_key(init_key)
+        state = super().init(jax_init_key, *args, init_params=init_params, **kwargs)
+        if state.mutable_state is not None:
+            raise ValueError(
+                f"The model or guide has mutable state ({sorted(state.mutable_state)}). DP-VI "
+                "cannot support it: mutable state is updated from the un-noised data and would "
+                "leak it without any privacy guarantee."
+            )
+        # check the plate now, on the first record, for a clear early error
+        records, rebuild, size, per_record = _split_records(args, kwargs)
+        if size > 0:
+            first = [jnp.asarray(x)[:1] if p else None for x, p in zip(records, per_record)]
+            a, k = rebuild(first)
+            params = self.get_params(DPSVIState(state.optim_state, None, rng_key))
+            self._observation_scale(jax_init_key, params, a, k)
+        return DPSVIState(state.optim_state, None, rng_key)
+
+    def _noisy_gradient(self, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
+        self._check_state(svi_state)
+        rng_key, grad_key, noise_key = self.rng_suite.split(svi_state.rng_key, 3)
+        records, rebuild, B, per_record = _split_records(args, kwargs)
+        if mask is not None:
+            mask = jnp.asarray(mask)
+            if mask.shape != (B,) or mask.dtype != jnp.bool_:
+                raise ValueError(
+                    f"Expected mask to be a boolean array of shape ({B},) (True for real "
+                    f"records), got dtype {mask.dtype} and shape {mask.shape}."
+                )
+        if expected_batch_size is None:
+            expected_batch_size = B
+        elif not isinstance(expected_batch_size, jax.core.Tracer):
+            if not (float(expected_batch_size) > 0):
+                raise ValueError(
+                    f"Expected expected_batch_size > 0, got expected_batch_size={expected_batch_size}."
+                )
+
+        jax_key = self.rng_suite.convert_to_jax_rng_key(grad_key)
+        record_keys = jax.random.split(jax_key, max(B, 1))[:B]
+        params = self.optim.get_params(svi_state.optim_state)
+        loss_fn = self._record_loss_fn(rebuild, per_record)
+        result = clipped_grad_sum(
+            loss_fn,
+            params,
+            (record_keys, [x for x in records]),
+            mask,
+            self.clipping_threshold,
+            strategy=self.gradient_strategy,
+            chunk_size=self.chunk_size,
+            forward_mode=forward_mode,
+        )
+        noisy_sum = add_gaussian_noise(
+            result.grad_sum, noise_key, self.dp_scale, self.clipping_threshold, self.rng_suite
+        )
+        # public normalisation constant: N / B when undoing the observation scale
+        # (N is the record's observation scale on a batch of one), else 1 / B
+        if self.clip_unscaled_observations:
+            first = [jnp.asarray(x)[:1] if p else None for x, p in zip(records, per_record)]
+            a, k = rebuild(first)
+            N = self._observation_scale(jax_key, self.constrain_fn(params), a, k)
+            factor = N / expected_batch_size
+        else:
+            factor = 1.0 / expected_batch_size
+        grad = jax.tree.map(lambda g: g * jnp.asarray(factor, g.dtype), noisy_sum)
+        loss = jnp.sum(result.losses) * factor
+        return rng_key, grad, loss
+
+    def update(
+        self,
+        svi_state: DPSVIState,
+        *args,
+        mask: Optional[jax.Array] = None,
+        expected_batch_size: Optional[float] = None,
+        forward_mode_differentiation: bool = False,
+        **kwargs,
+    ):
+        """Take one DP-VI step on a batch.
+
+        :param DPSVIState svi_state: current state.
+        :param args: the batch: arrays with one row per record (leading
+            dimension ``B``, real and padded records); scalars are passed on
+            unchanged. Values shared by all records go to the constructor.
+        :param mask: optional boolean array ``(B,)``, True for real records
+            (e.g. from :func:`d3p.minibatch.poisson_batchify_data`).
+        :param expected_batch_size: the public constant by which the noisy sum
+            is normalised; default ``B`` (right for fixed-size batches). Under
+            Poisson sampling pass ``q * N``; never the realised count.
+        :param bool forward_mode_differentiation: as in NumPyro.
+        :param kwargs: per-record keyword data for model and guide.
+        :return: ``(svi_state, loss)``; ``loss`` is the minibatch ELBO estimate
+            computed from the un-noised data and is NOT private.
+        """
+        rng_key, grad, loss = self._noisy_gradient(
+            svi_state, args, kwargs, mask, expected_batch_size, forward_mode_differentiation
+        )
+        optim_state = self.optim.update(grad, svi_state.optim_state)
+        return DPSVIState(optim_state, None, rng_key), loss
+
+    def stable_update(
+        self,
+        svi_state: DPSVIState,
+        *args,
+        mask: Optional[jax.Array] = None,
+        expected_batch_size: Optional[float] = None,
+        forward_mode_differentiation: bool = False,
+        **kwargs,
+    ):
+        """Like :meth:`update`, but keeps the parameters when the step is not finite.
+
+        The decision looks only at the noisy gradient and the resulting
+        optimizer state (post-processing of the private release), never at the
+        un-noised loss, so skipping leaks nothing. The key advances either way.
+
+        :return: ``(svi_state, loss)``; ``loss`` is ``nan`` for a skipped step
+            and is NOT private.
+        """
+        rng_key, grad, loss = self._noisy_gradient(
+            svi_state, args, kwargs, mask, expected_batch_size, forward_mode_differentiation
+        )
+        new_optim_state = self.optim.update(grad, svi_state.optim_state)
+        flat_grad = jax.flatten_util.ravel_pytree(grad)[0]
+        ok = jnp.all(jnp.isfinite(flat_grad)) & jnp.all(
+            jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_optim_state)
+                         if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)] or [True])
+        )
+        optim_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new_optim_state, svi_state.optim_state)
+        loss = jnp.where(ok, loss, jnp.nan)
+        return DPSVIState(optim_state, None, rng_key), loss
+
+    def evaluate(self, svi_state: DPSVIState, *args, **kwargs):
+        """The ELBO loss on the given data at the current parameters.
+
+        NOT private: it is computed from the un-noised data.
+        """
+        self._check_state(svi_state)
+        _, eval_key = self.rng_suite.split(svi_state.rng_key, 2)
+        params = self.get_params(svi_state)
+        return self.loss.loss(
+            self.rng_suite.convert_to_jax_rng_key(eval_key),
+            params,
+            self.model,
+            self.guide,
+            *args,
+            **kwargs,
+            **self.static_kwargs,
+        )
+
+    # ------------------------------------------------------------ accounting
+
+    def get_epsilon(
+        self,
+        target_delta: float,
+        q: float,
+        num_epochs: Optional[float] = None,
+        num_iter: Optional[int] = None,
+        *,
+        relation: str = "substitute",
+        accountant: str = "fourier",
+    ) -> float:
+        """The ε of a run with this DPSVI's ``dp_scale``.
+
+        :param float target_delta: δ.
+        :param float q: sampling probability of each record per step.
+        :param num_epochs: length of the run in epochs (``num_iter = num_epochs / q``),
+            or give ``num_iter``; exactly one of the two.
+        :param int num_iter: number of steps.
+        :param str relation: ``"substitute"`` (default; fixed-size batches without
+            replacement, as from :func:`d3p.minibatch.subsample_batchify_data`) or
+            ``"add_remove"`` (Poisson sampling).
+        :param str accountant: ``"fourier"`` (default) or ``"pld"`` (dp-accounting).
+        """
+        from d3p import accounting
+
+        steps = _num_steps(q, num_epochs, num_iter)
+        return accounting.compute_epsilon(
+            self.dp_scale, q, steps, target_delta, relation=relation, accountant=accountant
+        )
+
+    def get_delta(
+        self,
+        target_epsilon: float,
+        q: float,
+        num_epochs: Optional[float] = None,
+        num_iter: Optional[int] = None,
+        *,
+        relation: str = "substitute",
+        accountant: str = "fourier",
+    ) -> float:
+        """The δ of a run with this DPSVI's ``dp_scale`` at the given ε.
+
+        Arguments as for :meth:`get_epsilon`, with ``target_epsilon`` for δ.
+        """
+        from d3p import accounting
+
+        steps = _num_steps(q, num_epochs, num_iter)
+        return accounting.compute_delta(
+            self.dp_scale, q, steps, target_epsilon, relation=relation, accountant=accountant
+        )
+
+    # ------------------------------------------------------------------ run
+
+    def run(
+        self,
+        rng_key,
+        num_steps: int,
+        *args,
+        batch_size: Optional[int] = None,
+        q: Optional[float] = None,
+        sampling: str = "fixed",
+        max_batch_size: Optional[int] = None,
+        target_delta: Optional[float] = None,
+        accountant: str = "fourier",
+        progress_bar: bool = True,
+        stable_update: bool = False,
+        forward_mode_differentiation: bool = False,
+        init_state: Optional[DPSVIState] = None,
+        init_params: Optional[dict] = None,
+        **kwargs,
+    ) -> DPSVIRunResult:
+        """Run ``num_steps`` DP-VI steps, each on a fresh random batch of the data.
+
+        Unlike :meth:`numpyro.infer.SVI.run`, which uses the data it is given
+        at every step, this draws a new minibatch from the full data for every
+        step, with the sampler the privacy accounting assumes:
+
+        - ``sampling="fixed"`` (default): ``batch_size`` distinct records, uniformly
+          (:class:`d3p.minibatch.FixedSizeSampler`, Feistel); relation: substitute.
+        - ``sampling="poisson"``: each record independently with probability ``q``,
+          padded to ``max_batch_size`` with a mask
+          (:class:`d3p.minibatch.PoissonSampler`); relation: add/remove.
+
+        The noisy sum is normalised by the sampler's public expected batch
+        size. The ε spent is computed for that sampler's relation, shown in the
+        progress bar (an upper bound, updated along the way) and attached to
+        the result.
+
+        :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey()``).
+        :param int num_steps: number of steps, ``>= 1``.
+        :param args: the FULL data set: arrays with one row per record (``N`` rows).
+        :param int batch_size: B (fixed sampling); or give ``q``.
+        :param float q: sampling probability; ``batch_size = round(q N)`` for fixed
+            sampling.
+        :param str sampling: ``"fixed"`` or ``"poisson"``.
+        :param int max_batch_size: padded batch size for Poisson sampling (default:
+            overflow probability negligible, see :class:`d3p.minibatch.PoissonSampler`).
+        :param float target_delta: δ for reporting ε; default ``1 / N**2``.
+        :param str accountant: ``"fourier"`` or ``"pld"``.
+        :param bool progress_bar: show a tqdm bar (loss and ε); without it the
+            steps run in one ``lax.scan``.
+        :param bool stable_update: use :meth:`stable_update`.
+        :param bool forward_mode_differentiation: as in NumPyro.
+        :param DPSVIState init_state: continue from this state (its privacy
+            spending is not included in the reported ε).
+        :param dict init_params: initial values of param sites.
+        :param kwargs: per-record keyword data (``N`` rows each).
+        :return: :class:`DPSVIRunResult` ``(params, state, losses)`` with
+            attributes ``epsilon``, ``delta``, ``relation``, ``sigma``, ``q``,
+            ``num_steps``. The losses are NOT private.
+        """
+        from d3p import accounting, minibatch
+
+        num_steps = _check_positive_int("num_steps", num_steps)
+        records, rebuild, N, per_record = _split_records(args, kwargs, what="data")
+        if N < 1:
+            raise ValueError("Expected a non-empty data set, got 0 records.")
+        if sampling == "fixed":
+            if (batch_size is None) == (q is None):
+                raise ValueError(
+                    "Expected exactly one of batch_size and q for sampling='fixed', got "
+                    f"batch_size={batch_size}, q={q}. (For full-batch training pass batch_size=N.)"
+                )
+            if batch_size is None:
+                batch_size = minibatch.q_to_batch_size(q, N)
+            if max_batch_size is not None:
+                raise ValueError("max_batch_size applies only to sampling='poisson'.")
+            sampler = minibatch.FixedSizeSampler(N, batch_size)
+        elif sampling == "poisson":
+            if q is None or batch_size is not None:
+                raise ValueError(
+                    f"Expected q (and no batch_size) for sampling='poisson', got q={q}, "
+                    f"batch_size={batch_size}."
+                )
+            sampler = minibatch.PoissonSampler(N, q, max_batch_size)
+        else:
+            raise ValueError(f"Expected sampling in ('fixed', 'poisson'), got sampling={sampling!r}.")
+        if target_delta is None:
+            target_delta = 1.0 / N**2
+        tracker = accounting.EpsilonTracker(
+            self.dp_scale,
+            sampler.q,
+            target_delta,
+            relation=sampler.relation,
+            num_steps=num_steps,
+            accountant=accountant,
+        )
+
+        init_key, batch_key = self.rng_suite.split(rng_key, 2)
+        rng_suite = self.rng_suite
+        expected = sampler.expected_batch_size
+        update = self.stable_update if stable_update else self.update
+
+        def gather(data, i):
+            indices, mask = sampler.sample(rng_suite.fold_in(batch_key, i), rng_suite)
+            batch = [jnp.take(x, indices, axis=0) if p else None for x, p in zip(data, per_record)]
+            a, k = rebuild(batch)
+            return a, k, mask
+
+        if init_state is None:
+            a, k, _ = gather(records, 0)
+            svi_state = self.init(init_key, *a, init_params=init_params, **k)
+        else:
+            self._check_state(init_state)
+            svi_state = init_state
+
+        def body_fn(svi_state, i, data):
+            a, k, mask = gather(data, i)
+            return update(
+                svi_state,
+                *a,
+                mask=mask,
+                expected_batch_size=expected,
+                forward_mode_differentiation=forward_mode_differentiation,
+                **k,
+            )
+
+        if progress_bar:
+            losses = []
+            step = jax.jit(body_fn)
+            with tqdm.trange(1, num_steps + 1) as t:
+                every = max(num_steps // 20, 1)
+                for i in t:
+                    svi_state, loss = step(svi_state, jnp.uint32(i - 1), records)
+                    losses.append(loss)
+                    if i % every == 0 or i == num_steps:
+                        chunk = jax.device_get(losses[-every:])
+                        valid = [float(x) for x in chunk if x == x]
+                        avg = sum(valid) / len(valid) if valid else float("nan")
+                        t.set_postfix_str(
+                            f"avg. loss: {avg:.4g}, ε ≤ {tracker.epsilon(i):.3g} (δ={target_delta:.2g})",
+                            refresh=False,
+                        )
+            losses = jnp.stack(losses)
+        else:
+
+            @jax.jit
+            def scan_all(svi_state, data):
+                return lax.scan(
+                    lambda s, i: body_fn(s, i, data), svi_state, jnp.arange(num_steps, dtype=jnp.uint32)
+                )
+
+            svi_state, losses = scan_all(svi_state, records)
+
+        result = DPSVIRunResult(self.get_params(svi_state), svi_state, losses)
+        result.epsilon = tracker.epsilon(num_steps)
+        result.delta = target_delta
+        result.relation = sampler.relation
+        result.sigma = self.dp_scale
+        result.q = sampler.q
+        result.num_steps = num_steps
+        return result
+
+
+def _num_steps(q, num_epochs, num_iter) -> int:
+    if (num_epochs is None) == (num_iter is None):
+        raise ValueError(
+            f"Expected exactly one of num_epochs and num_iter, got num_epochs={num_epochs}, "
+            f"num_iter={num_iter}."
+        )
+    if num_iter is not None:
+        return _check_positive_int("num_iter", num_iter)
+    if not (float(num_epochs) > 0):
+        raise ValueError(f"Expected num_epochs > 0, got num_epochs={num_epochs}.")
+    if not (0 < float(q) <= 1):
+        raise ValueError(f"Expected q in (0, 1], got q={q}.")
+    return max(1, int(math.ceil(float(num_epochs) / float(q))))

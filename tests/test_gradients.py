@@ -1,0 +1,187 @@
+"""Clipping and the clipped sum: hand-checked values and sensitivity bounds."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import d3p.random
+from d3p.gradients import (
+    add_gaussian_noise,
+    clip_gradient,
+    clipped_grad_sum,
+    noise_std,
+    total_norm,
+)
+
+
+def test_total_norm_spans_all_leaves():
+    tree = {"a": jnp.array([3.0]), "b": jnp.array([[4.0]])}
+    assert float(total_norm(tree)) == pytest.approx(5.0)
+
+
+def test_total_norm_does_not_overflow_for_large_finite_values():
+    tree = {"a": jnp.array([3e30, 4e30], jnp.float32)}
+    assert float(total_norm(tree)) == pytest.approx(5e30, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "grad, C, expected",
+    [
+        ({"a": [3.0, 4.0]}, 1.0, {"a": [0.6, 0.8]}),
+        # one vector over all leaves: per-leaf clipping would give [1.0], [1.0]
+        ({"a": [3.0], "b": [4.0]}, 1.0, {"a": [0.6], "b": [0.8]}),
+        ({"a": [3.0], "b": [4.0]}, 2.5, {"a": [1.5], "b": [2.0]}),
+        # norm below C: unchanged
+        ({"a": [3.0], "b": [4.0]}, 10.0, {"a": [3.0], "b": [4.0]}),
+        ({"a": [3.0], "b": [4.0]}, float("inf"), {"a": [3.0], "b": [4.0]}),
+        ({"a": [0.0, 0.0]}, 1.0, {"a": [0.0, 0.0]}),
+        # non-finite gradients contribute nothing
+        ({"a": [np.nan, 1.0], "b": [1.0]}, 1.0, {"a": [0.0, 0.0], "b": [0.0]}),
+        ({"a": [np.inf, 1.0], "b": [1.0]}, 1.0, {"a": [0.0, 0.0], "b": [0.0]}),
+        ({"a": [-np.inf, 1.0], "b": [1.0]}, float("inf"), {"a": [0.0, 0.0], "b": [0.0]}),
+    ],
+)
+def test_clip_gradient_hand_checked(grad, C, expected):
+    grad = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), grad)
+    clipped, _ = clip_gradient(grad, C)
+    for k in expected:
+        np.testing.assert_allclose(clipped[k], expected[k], rtol=1e-6, atol=0)
+
+
+def test_clipped_norm_never_exceeds_threshold_at_any_scale():
+    rng = np.random.default_rng(0)
+    for C in [1e-3, 0.7, 1.0, 50.0]:
+        for scale in [1e-6, 1e-2, 1.0, 1e3, 1e8, 1e30]:
+            grad = {
+                "w": jnp.asarray(rng.normal(size=(7, 3)) * scale, jnp.float32),
+                "b": jnp.asarray(rng.normal(size=(3,)) * scale, jnp.float32),
+            }
+            clipped, norm = clip_gradient(grad, C)
+            assert float(total_norm(clipped)) <= C * (1 + 2e-6)
+            if float(norm) <= C:
+                np.testing.assert_array_equal(clipped["w"], grad["w"])
+
+
+def _loss(params, record):
+    """Linear loss: gradient w.r.t. w is x, w.r.t. b is y (two leaves)."""
+    x, y = record
+    return jnp.dot(params["w"], x) + params["b"] * y
+
+
+PARAMS = {"w": jnp.zeros(3), "b": jnp.zeros(())}
+
+
+@functools.partial(jax.jit, static_argnames=("C", "strategy", "chunk_size"))
+def _jit_sum(xs, ys, mask, C, strategy="vmap", chunk_size=None):
+    return clipped_grad_sum(_loss, PARAMS, (xs, ys), mask, C, strategy=strategy, chunk_size=chunk_size)
+
+
+def _sum(xs, ys, C, mask=None, **kw):
+    return _jit_sum(jnp.asarray(xs), jnp.asarray(ys), mask, C, **kw)
+
+
+def _flat(tree):
+    return np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+
+
+def _records(seed=0, B=8):
+    rng = np.random.default_rng(seed)
+    xs = rng.normal(size=(B, 3)) * np.array([[1.0], [100.0], [0.01], [5.0], [1e6], [1.0], [3.0], [0.5]])[:B]
+    ys = rng.normal(size=(B,)) * 10
+    return xs.astype(np.float32), ys.astype(np.float32)
+
+
+def test_clipped_sum_matches_per_record_clipping_by_hand():
+    xs, ys = _records()
+    C = 1.5
+    expected = np.zeros(4)
+    for x, y in zip(xs, ys):
+        g = np.concatenate([x, [y]]).astype(np.float64)
+        n = np.linalg.norm(g)
+        expected += g * min(1.0, C / n)
+    got = _sum(xs, ys, C).grad_sum
+    np.testing.assert_allclose(np.concatenate([got["w"], [got["b"]]]), expected, rtol=2e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy, chunk", [("vmap", None), ("chunked", 3), ("chunked", 1)])
+@pytest.mark.parametrize("C", [0.1, 7.0])
+def test_sensitivity_remove_mask_and_substitute(strategy, chunk, C):
+    """Adding/removing/masking one record moves the sum by <= C, substituting by <= 2C,
+    and the worst cases come close to these bounds (so a missing or per-leaf clip fails)."""
+    xs, ys = _records(1)
+    base = _flat(_sum(xs, ys, C, strategy=strategy, chunk_size=chunk).grad_sum)
+    worst_remove = worst_sub = 0.0
+    for i in range(len(xs)):
+        # remove record i
+        removed = _flat(_sum(np.delete(xs, i, 0), np.delete(ys, i), C, strategy=strategy, chunk_size=chunk).grad_sum)
+        # mask record i
+        mask = np.ones(len(xs), bool)
+        mask[i] = False
+        masked = _flat(_sum(xs, ys, C, mask=jnp.asarray(mask), strategy=strategy, chunk_size=chunk).grad_sum)
+        np.testing.assert_allclose(masked, removed, rtol=1e-5, atol=1e-5 * C)
+        d = np.linalg.norm(base - removed)
+        assert d <= C * (1 + 1e-5)
+        worst_remove = max(worst_remove, d)
+        # substitute record i by an adversarial record pointing the other way
+        xs2, ys2 = xs.copy(), ys.copy()
+        xs2[i], ys2[i] = -xs[i] * 1e3, -ys[i] * 1e3
+        sub = _flat(_sum(xs2, ys2, C, strategy=strategy, chunk_size=chunk).grad_sum)
+        d = np.linalg.norm(base - sub)
+        assert d <= 2 * C * (1 + 1e-5)
+        worst_sub = max(worst_sub, d)
+    # records with norm > C exist, so the bounds are attained
+    assert worst_remove >= C * (1 - 1e-4)
+    assert worst_sub >= 2 * C * (1 - 1e-4)
+
+
+def test_non_finite_and_masked_records_contribute_zero():
+    xs, ys = _records(2)
+    C = 1.0
+    ref = _sum(xs[:4], ys[:4], C)
+    xs_bad = xs.copy()
+    xs_bad[4] = np.nan
+    xs_bad[5, 1] = np.inf
+    ys_bad = ys.copy()
+    ys_bad[6] = np.nan
+    mask = np.array([True] * 7 + [False])
+    xs_bad[7] = np.nan  # padded record with garbage
+    got = _sum(xs_bad, ys_bad, C, mask=jnp.asarray(mask))
+    np.testing.assert_allclose(_flat(got.grad_sum), _flat(ref.grad_sum), rtol=1e-6)
+    assert np.all(np.isfinite(_flat(got.grad_sum)))
+    # a NaN record cannot break the bound: its contribution is zero, not NaN
+    assert float(got.norms[7]) == 0.0 and float(got.losses[7]) == 0.0
+
+
+def test_empty_batch_gives_exact_zero_sum():
+    xs, ys = _records(3)
+    xs[:] = np.nan
+    got = _sum(xs, ys, 1.0, mask=jnp.zeros(len(xs), bool))
+    assert np.all(_flat(got.grad_sum) == 0.0)
+
+
+def test_noise_std_and_no_privacy_setting():
+    assert noise_std(1.5, 2.0) == 3.0
+    assert noise_std(0.0, float("inf")) == 0.0
+    tree = {"a": jnp.ones(3)}
+    out = add_gaussian_noise(tree, d3p.random.PRNGKey(0), 0.0, float("inf"))
+    np.testing.assert_array_equal(out["a"], tree["a"])
+
+
+def test_noise_is_one_draw_over_all_coordinates_from_the_suite():
+    tree = {"a": jnp.zeros((2, 3)), "b": jnp.zeros(4)}
+    key = d3p.random.PRNGKey(5)
+    out = add_gaussian_noise(tree, key, 2.0, 0.5)
+    expected = np.asarray(d3p.random.normal(key, (10,))) * 1.0
+    flat = np.concatenate([np.ravel(out["a"]), np.ravel(out["b"])])
+    np.testing.assert_allclose(flat, expected, rtol=1e-6)
+
+
+def test_bad_strategy_and_mask():
+    xs, ys = _records()
+    with pytest.raises(ValueError, match="strategy"):
+        clipped_grad_sum(_loss, PARAMS, (xs, ys), None, 1.0, strategy="magic")
+    with pytest.raises(ValueError, match="mask"):
+        clipped_grad_sum(_loss, PARAMS, (xs, ys), jnp.ones(3, bool), 1.0)
