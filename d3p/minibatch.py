@@ -1,0 +1,940 @@
+"""Minibatch samplers whose output distribution is exactly what the accountant assumes.
+
+DP-VI's privacy guarantee holds only if the batch of every step is drawn
+independently, from a secret key, and from exactly the distribution that the
+privacy accountant analyses. This module provides those samplers:
+
+- :class:`FixedSizeSampler`: uniform over all B-subsets of the N records;
+  neighbouring relation :data:`SUBSTITUTE`.
+- :class:`PoissonSampler`: every record independently with probability q,
+  padded to a fixed shape with a mask; relation :data:`ADD_REMOVE`.
+- :class:`WithReplacementSampler`: B independent uniform indices; not covered
+  by d3p's accountants (``relation`` is None).
+
+A sampler holds only public settings (N, B or q, the output shape) and is a
+hashable frozen dataclass, so it can be a static argument of ``jax.jit``. Its
+``sample(rng_key, rng_suite)`` method is jittable and returns
+``(indices, mask)`` of fixed shape ``(max_batch_size,)``; :func:`take_batch`
+gathers the records.
+
+**How the indices are drawn (exactly).** Both private samplers draw an
+*ordered* sequence of distinct indices that is exactly uniform over all
+sequences of distinct indices ("sequential distinct draws"): 32-bit words from
+the PRNG suite are turned into exactly uniform integers in ``[0, N)`` by
+Lemire's multiply-and-reject method, and a value is kept if it has not been
+drawn before (earlier in the same block of draws or in an earlier block). If
+every uniform draw is kept only when new, each kept value is uniform over the
+values not yet kept, so the kept sequence is a uniform random sequence of
+distinct indices. The work is vectorised: a block of candidates is drawn at
+once, duplicates are found with one stable sort, and a ``lax.while_loop``
+draws another block in the rare case that the first did not give enough
+distinct values (the block size is chosen on the host from the expected
+number of draws, so the loop body runs once almost always). The cost is
+``O(B log B)`` and does not depend on N. With ideal random bits the result
+is exactly uniform; with :mod:`d3p.random` it is ChaCha20's keystream turned
+into that distribution, i.e. indistinguishable from it as far as ChaCha20 is a
+secure stream cipher.
+
+**Why not a Feistel network.** A keyed Feistel permutation with cycle-walking
+(:func:`feistel_permutation`) gives distinct indices with only integer ops, but
+its output is not uniform: even with truly random round functions, on the
+8-element domain (N=5..8) the total variation distance between its B-subsets
+and the uniform distribution decays only by a factor of about 0.83 per round
+(computed exactly: 3e-2 after 8 rounds, 9e-4 after 24, 4e-5 after 40 for
+N=5, B=2), and for large N the entropy of r random round functions, about
+``r * (b/2) * 2**(b/2)`` bits for ``b = ceil(log2 N)``, falls short of
+``log2 C(N, B)`` for large batches, so no fixed number of rounds is exact. With a ChaCha20 round function it is also
+5 to 25 times slower on CPU than the exact method above (see
+``benchmarks/README.md``). It is kept for :func:`split_batchify_data`
+(non-private shuffling in ``O(B)`` per batch) only.
+"""
+
+import math
+import types
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import d3p.random
+
+__all__ = [
+    "SUBSTITUTE",
+    "ADD_REMOVE",
+    "DEFAULT_OVERFLOW_PROBABILITY",
+    "FixedSizeSampler",
+    "PoissonSampler",
+    "WithReplacementSampler",
+    "BatchifyState",
+    "take_batch",
+    "subsample_batchify_data",
+    "poisson_batchify_data",
+    "split_batchify_data",
+    "q_to_batch_size",
+    "batch_size_to_q",
+    "poisson_max_batch_size",
+    "poisson_overflow_probability",
+    "poisson_overflow_delta",
+    "feistel_permutation",
+]
+
+#: Neighbouring relation "replace one record by another" (data sets of equal
+#: size N). Fixed-size sampling without replacement is analysed under it.
+SUBSTITUTE = "substitute"
+#: Neighbouring relation "add or remove one record". Poisson sampling is
+#: analysed under it.
+ADD_REMOVE = "add_remove"
+
+#: Default bound on the per-step probability that a Poisson batch has more
+#: records than ``max_batch_size`` (see :func:`poisson_max_batch_size`).
+DEFAULT_OVERFLOW_PROBABILITY = 1e-18
+
+#: Largest supported data set size: indices are int32.
+MAX_NUM_RECORDS = 2**31 - 1
+
+#: Number of Feistel rounds used by :func:`split_batchify_data`.
+DEFAULT_FEISTEL_ROUNDS = 8
+
+_SENTINEL = np.int32(2**31 - 1)  # larger than every valid index
+
+Dataset = Union[jax.typing.ArrayLike, Sequence[jax.typing.ArrayLike]]
+
+
+# ----------------------------------------------------------------------------
+# validation at the boundary
+
+
+def _is_integer(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_num_records(num_records) -> int:
+    if not _is_integer(num_records):
+        raise TypeError(
+            f"Expected num_records to be an integer, got num_records={num_records!r}."
+        )
+    num_records = int(num_records)
+    if num_records < 1 or num_records > MAX_NUM_RECORDS:
+        raise ValueError(
+            f"Expected num_records in [1, {MAX_NUM_RECORDS}], got num_records={num_records}."
+        )
+    return num_records
+
+
+def _check_size(name: str, value, num_records: int) -> int:
+    if not _is_integer(value):
+        raise ValueError(
+            f"Expected {name} to be an integer in [1, N={num_records}], got {name}={value!r}."
+        )
+    value = int(value)
+    if value < 1 or value > num_records:
+        raise ValueError(f"Expected {name} in [1, N={num_records}], got {name}={value}.")
+    return value
+
+
+def _check_q(q) -> float:
+    if isinstance(q, (bool, np.bool_)) or not isinstance(q, (int, float, np.integer, np.floating)):
+        if isinstance(q, (np.ndarray, jax.Array)) and np.ndim(q) == 0 and not isinstance(q, jax.core.Tracer):
+            q = float(q)
+        else:
+            raise TypeError(
+                f"Expected q to be a concrete float in (0, 1] (a public setting), got q={q!r}."
+            )
+    q = float(q)
+    if not (0.0 < q <= 1.0):
+        raise ValueError(f"Expected q in (0, 1], got q={q}.")
+    return q
+
+
+def _check_dataset(dataset: Dataset) -> Tuple[Tuple[jax.Array, ...], bool, int]:
+    """Returns (arrays as a tuple, whether a single array was given, N)."""
+    single = not isinstance(dataset, (tuple, list))
+    arrays = (dataset,) if single else tuple(dataset)
+    if len(arrays) == 0:
+        raise ValueError("Expected dataset to hold at least one array, got an empty dataset=().")
+    lengths = []
+    for k, x in enumerate(arrays):
+        shape = np.shape(x)
+        if len(shape) == 0:
+            raise ValueError(
+                f"Expected every array of dataset to have a leading record axis, got a scalar at "
+                f"dataset[{k}]."
+            )
+        lengths.append(shape[0])
+    if any(n != lengths[0] for n in lengths):
+        raise ValueError(
+            f"Expected all arrays of dataset to have the same number of records (leading "
+            f"dimension), got lengths {lengths}."
+        )
+    if lengths[0] == 0:
+        raise ValueError("Expected a non-empty dataset, got N=0 records.")
+    # jnp.asarray copies host arrays to the device; the user's arrays are never modified
+    arrays = tuple(jnp.asarray(x) for x in arrays)
+    return arrays, single, int(lengths[0])
+
+
+# ----------------------------------------------------------------------------
+# conversions between q and B
+
+
+def q_to_batch_size(q: float, N: int) -> int:
+    """The batch size for sampling probability ``q`` from ``N`` records.
+
+    :param float q: sampling probability in (0, 1].
+    :param int N: number of records.
+    :return: ``floor(q * N)`` (up to floating point round-off), at least 1.
+
+    Rounding down makes ``batch_size / N <= q`` whenever ``q * N >= 1``, so an
+    ε computed with the given ``q`` is an upper bound for the resulting batch
+    size; account with ``batch_size_to_q(batch_size, N)`` (the sampler's ``q``)
+    to get the exact value.
+
+    >>> q_to_batch_size(0.29, 100)
+    29
+    """
+    q = _check_q(q)
+    N = _check_num_records(N)
+    x = q * N
+    nearest = round(x)
+    b = nearest if abs(x - nearest) <= 1e-9 * max(1.0, x) else math.floor(x)
+    return int(min(max(b, 1), N))
+
+
+def batch_size_to_q(batch_size: int, N: int) -> float:
+    """The sampling probability ``batch_size / N`` of a fixed-size batch.
+
+    :param int batch_size: batch size B in [1, N].
+    :param int N: number of records.
+
+    >>> batch_size_to_q(10, 1000)
+    0.01
+    """
+    N = _check_num_records(N)
+    batch_size = _check_size("batch_size", batch_size, N)
+    return batch_size / N
+
+
+# ----------------------------------------------------------------------------
+# exact integer sampling primitives
+
+
+def _mulhi_lo_u32(a: jax.Array, b: jax.Array) -> Tuple[jax.Array, jax.Array]:
+    """High and low 32-bit words of the 64-bit product of two uint32 arrays."""
+    mask = np.uint32(0xFFFF)
+    a_lo, a_hi = a & mask, a >> np.uint32(16)
+    b_lo, b_hi = b & mask, b >> np.uint32(16)
+    ll = a_lo * b_lo
+    lh = a_lo * b_hi
+    hl = a_hi * b_lo
+    hh = a_hi * b_hi
+    mid = (ll >> np.uint32(16)) + (lh & mask) + (hl & mask)
+    hi = hh + (lh >> np.uint32(16)) + (hl >> np.uint32(16)) + (mid >> np.uint32(16))
+    return hi, a * b
+
+
+def _uniform_below(words: jax.Array, n: int) -> Tuple[jax.Array, jax.Array]:
+    """Lemire's multiply-and-reject: exactly uniform integers in ``[0, n)``.
+
+    Returns ``(values int32, accepted bool)``. For ``w`` uniform on 32 bits,
+    ``floor(w * n / 2**32)`` conditioned on ``(w * n mod 2**32) >= 2**32 mod n``
+    is exactly uniform on ``[0, n)``: every value keeps exactly
+    ``floor(2**32 / n)`` of its preimages.
+    """
+    n_arr = jnp.full(words.shape, n, dtype=jnp.uint32)
+    hi, lo = _mulhi_lo_u32(words.astype(jnp.uint32), n_arr)
+    threshold = np.uint32((2**32) % n)
+    return hi.astype(jnp.int32), lo >= threshold
+
+
+def _draw_block_size(num: int, num_records: int) -> int:
+    """Number of candidates per loop iteration of :func:`_distinct_uniform`."""
+    n, s = num_records, num
+    # expected number of uniform draws until s distinct values: n (H_n - H_{n-s})
+    if n - s > 50:
+        expected = n * (math.log(n + 0.5) - math.log(n - s + 0.5))
+    else:
+        expected = n * sum(1.0 / i for i in range(n - s + 1, n + 1))
+    k = 1.1 * expected + 4.0 * math.sqrt(expected) + 8
+    return int(min(math.ceil(k), 4 * s + 8))
+
+
+def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> jax.Array:
+    """An exactly uniform random sequence of ``num`` distinct indices in ``[0, num_records)``.
+
+    Every ordered sequence of ``num`` distinct indices has probability
+    ``(N - num)! / N!`` (given ideal random bits); in particular the first
+    ``k`` entries form a uniform k-subset for every ``k <= num``. Block ``t``
+    of candidates uses the key ``rng_suite.fold_in(rng_key, t)``.
+    """
+    block = _draw_block_size(num, num_records)
+
+    def cond(state):
+        return state[1] < num
+
+    def body(state):
+        found, count, t = state
+        words = rng_suite.random_bits(rng_suite.fold_in(rng_key, t), 32, (block,))
+        values, accepted = _uniform_below(words, num_records)
+        cand = jnp.where(accepted, values, _SENTINEL)
+        # a candidate is new iff it is the first occurrence of its value among
+        # (already found values, then candidates in draw order): stable sort
+        pool = jnp.concatenate([found, cand])
+        order = jnp.argsort(pool, stable=True)
+        sorted_pool = pool[order]
+        first = jnp.concatenate([jnp.ones((1,), bool), sorted_pool[1:] != sorted_pool[:-1]])
+        new_sorted = first & (sorted_pool != _SENTINEL)
+        new = jnp.zeros(num + block, bool).at[order].set(new_sorted)[num:]
+        slot = count + jnp.cumsum(new.astype(jnp.int32)) - 1
+        slot = jnp.where(new & (slot < num), slot, num)
+        found = found.at[slot].set(cand, mode="drop")
+        count = jnp.minimum(count + jnp.sum(new.astype(jnp.int32)), num)
+        return found, count, t + 1
+
+    init = (jnp.full((num,), _SENTINEL, jnp.int32), jnp.int32(0), jnp.uint32(0))
+    return lax.while_loop(cond, body, init)[0]
+
+
+def _uniform_indices(rng_key, num: int, num_records: int, rng_suite) -> jax.Array:
+    """``num`` independent, exactly uniform indices in ``[0, num_records)``."""
+
+    def cond(state):
+        return ~jnp.all(state[1])
+
+    def body(state):
+        out, done, t = state
+        words = rng_suite.random_bits(rng_suite.fold_in(rng_key, t), 32, (num,))
+        values, accepted = _uniform_below(words, num_records)
+        take = accepted & ~done
+        return jnp.where(take, values, out), done | take, t + 1
+
+    init = (jnp.zeros((num,), jnp.int32), jnp.zeros((num,), bool), jnp.uint32(0))
+    return lax.while_loop(cond, body, init)[0]
+
+
+# ----------------------------------------------------------------------------
+# the binomial batch size
+
+
+def poisson_overflow_probability(num_records: int, q: float, max_batch_size: int) -> float:
+    """Probability that one Poisson batch has more than ``max_batch_size`` records.
+
+    :param int num_records: number of records N.
+    :param float q: sampling probability.
+    :param int max_batch_size: padded batch size.
+    :return: ``P(K > max_batch_size)`` for ``K ~ Binomial(N, q)`` (0 if
+        ``max_batch_size >= N``). The sampler realises this probability up
+        to about ``2**-64`` (see :class:`PoissonSampler`).
+    """
+    from scipy.stats import binom
+
+    num_records = _check_num_records(num_records)
+    q = _check_q(q)
+    if not _is_integer(max_batch_size) or max_batch_size < 0:
+        raise ValueError(
+            f"Expected max_batch_size to be a non-negative integer, got max_batch_size={max_batch_size!r}."
+        )
+    if max_batch_size >= num_records:
+        return 0.0
+    return float(binom.sf(int(max_batch_size), num_records, q))
+
+
+def poisson_max_batch_size(
+    num_records: int, q: float, overflow_probability: float = DEFAULT_OVERFLOW_PROBABILITY
+) -> int:
+    """Smallest padded batch size whose per-step overflow probability is at most the bound.
+
+    :param int num_records: number of records N.
+    :param float q: sampling probability.
+    :param float overflow_probability: bound on ``P(K > max_batch_size)`` per
+        step, ``K ~ Binomial(N, q)``; default :data:`DEFAULT_OVERFLOW_PROBABILITY`.
+    :return: the smallest ``m`` in ``[1, N]`` with ``P(K > m) <= overflow_probability``.
+
+    For ``q * N = 128`` the default gives about ``qN + 9 sqrt(qN(1-q))``.
+
+    >>> poisson_max_batch_size(100, 0.5, 0.5)
+    50
+    """
+    from scipy.stats import binom
+
+    num_records = _check_num_records(num_records)
+    q = _check_q(q)
+    p = float(overflow_probability)
+    if not (0.0 <= p < 1.0):
+        raise ValueError(
+            f"Expected overflow_probability in [0, 1), got overflow_probability={overflow_probability}."
+        )
+    if p == 0.0 or q == 1.0:
+        return num_records
+    # binary search: P(K > m) is non-increasing in m (SciPy's isf is unreliable this far out)
+    lo, hi = 0, num_records  # invariant: sf(hi) <= p, and sf(lo - 1) > p unless lo == 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if binom.sf(mid, num_records, q) <= p:
+            hi = mid
+        else:
+            lo = mid + 1
+    m = lo
+    return max(m, 1)
+
+
+def poisson_overflow_delta(
+    num_records: int, q: float, max_batch_size: int, num_steps: int, epsilon: float
+) -> float:
+    """The amount that truncating overflowing Poisson batches adds to δ over a run.
+
+    :param int num_records: number of records N.
+    :param float q: sampling probability.
+    :param int max_batch_size: padded batch size.
+    :param int num_steps: number of steps T.
+    :param float epsilon: the ε of the (ε, δ) guarantee of the untruncated run.
+    :return: ``(1 + exp(ε)) * T * P(K > max_batch_size)``, with the
+        overflow probability taken for ``N + 1`` records (the larger of the two
+        neighbours under add/remove). Add it to δ; see :class:`PoissonSampler`.
+    """
+    p = poisson_overflow_probability(num_records + 1, q, max_batch_size)
+    return float(min(1.0, (1.0 + math.exp(epsilon)) * int(num_steps) * p))
+
+
+@lru_cache(maxsize=64)
+def _binomial_thresholds(num_records: int, q: float, max_batch_size: int):
+    """64-bit inverse-CDF thresholds for ``K ~ Binomial(N, q)``, ``k = 0..max_batch_size``.
+
+    ``T_k ~= P(K <= k) * 2**64`` (rounded), computed from the CDF where it is
+    at most 1/2 and from the survival function above, so that both tails have
+    full relative precision. Returns (hi words, lo words, finite flags).
+    """
+    from scipy.stats import binom
+
+    ks = np.arange(max_batch_size + 1)
+    cdf = binom.cdf(ks, num_records, q)
+    sf = binom.sf(ks, num_records, q)
+    two64 = 2**64
+    thresholds = []
+    for c, s, k in zip(cdf, sf, ks):
+        if k >= num_records:
+            t = two64
+        elif c <= 0.5:
+            t = int(round(float(c) * 2.0**64))
+        else:
+            t = two64 - int(round(float(s) * 2.0**64))
+        thresholds.append(min(max(t, 0), two64))
+    thresholds = list(np.maximum.accumulate(np.array(thresholds, dtype=object)))
+    finite = np.array([t < two64 for t in thresholds])
+    hi = np.array([(t >> 32) & 0xFFFFFFFF if t < two64 else 0 for t in thresholds], dtype=np.uint32)
+    lo = np.array([t & 0xFFFFFFFF if t < two64 else 0 for t in thresholds], dtype=np.uint32)
+    return hi, lo, finite
+
+
+def _binomial_count(rng_key, num_records: int, q: float, max_batch_size: int, rng_suite) -> jax.Array:
+    """``min(K, max_batch_size)`` for ``K ~ Binomial(N, q)`` by inverse CDF on 64 random bits."""
+    hi, lo, finite = _binomial_thresholds(num_records, q, max_batch_size)
+    words = rng_suite.random_bits(rng_key, 32, (2,))
+    u_hi, u_lo = words[0].astype(jnp.uint32), words[1].astype(jnp.uint32)
+    # K = number of k in 0..m with T_k <= u (T is non-decreasing), capped at m
+    ge = finite & ((u_hi > hi) | ((u_hi == hi) & (u_lo >= lo)))
+    return jnp.minimum(jnp.sum(ge.astype(jnp.int32)), max_batch_size)
+
+
+# ----------------------------------------------------------------------------
+# samplers
+
+
+@dataclass(frozen=True)
+class FixedSizeSampler:
+    """Uniformly random batches of exactly ``batch_size`` distinct records.
+
+    :param int num_records: number of records N (public), in ``[1, 2**31 - 1]``.
+    :param int batch_size: batch size B (public), in ``[1, N]``.
+
+    Attributes: ``relation`` (:data:`SUBSTITUTE`), ``q = B / N``,
+    ``expected_batch_size = B`` (the constant to normalise by),
+    ``max_batch_size = B`` (the output shape).
+
+    **Formal guarantees.** For a key ``k``, ``sample(k)`` returns indices
+    whose first ``j`` entries, for every ``j <= B``, are a uniformly random
+    ordered sequence of ``j`` distinct records: every B-subset of
+    ``{0, ..., N-1}`` has probability exactly ``1 / C(N, B)`` given ideal
+    random bits (see the module docstring for the method), and batches drawn
+    with different keys (``fold_in(key, i)`` for distinct ``i``) are
+    independent. The mask is all True. This is sampling without replacement
+    of fixed size, whose privacy amplification is analysed under the
+    :data:`SUBSTITUTE` relation (neighbouring data sets have the same N and
+    differ in one record), e.g. by :func:`d3p.dputil.approximate_sigma`.
+    Nothing about the data enters the sampler, only N and B.
+
+    >>> import d3p.random
+    >>> sampler = FixedSizeSampler(num_records=100, batch_size=5)
+    >>> indices, mask = sampler.sample(d3p.random.PRNGKey(0))
+    >>> indices.shape, bool(mask.all()), len(set(indices.tolist()))
+    ((5,), True, 5)
+    """
+
+    num_records: int
+    batch_size: int
+
+    def __post_init__(self):
+        n = _check_num_records(self.num_records)
+        object.__setattr__(self, "num_records", n)
+        object.__setattr__(self, "batch_size", _check_size("batch_size", self.batch_size, n))
+
+    @property
+    def relation(self) -> str:
+        """:data:`SUBSTITUTE`."""
+        return SUBSTITUTE
+
+    @property
+    def q(self) -> float:
+        """Sampling probability of each record, ``B / N``."""
+        return self.batch_size / self.num_records
+
+    @property
+    def expected_batch_size(self) -> int:
+        """B: the public constant to normalise a batch sum by."""
+        return self.batch_size
+
+    @property
+    def max_batch_size(self) -> int:
+        """Length of the index and mask arrays, B."""
+        return self.batch_size
+
+    def sample(self, rng_key, rng_suite: types.ModuleType = d3p.random) -> Tuple[jax.Array, jax.Array]:
+        """Draw one batch.
+
+        :param rng_key: a key of ``rng_suite`` (secret, fresh for every batch).
+        :param rng_suite: PRNG suite, :mod:`d3p.random` (default) or :mod:`d3p.random.debug`.
+        :return: ``(indices int32[B], mask bool[B])``; the mask is all True.
+        """
+        return _sample_jit(self, rng_key, rng_suite)
+
+    def _sample(self, rng_key, rng_suite):
+        indices = _distinct_uniform(rng_key, self.batch_size, self.num_records, rng_suite)
+        return indices, jnp.ones((self.batch_size,), bool)
+
+
+@dataclass(frozen=True)
+class PoissonSampler:
+    """Poisson sampling: every record independently with probability ``q``, padded with a mask.
+
+    :param int num_records: number of records N (public).
+    :param float q: sampling probability in (0, 1] (public).
+    :param int max_batch_size: length of the padded output, in ``[1, N]``;
+        default :func:`poisson_max_batch_size` ``(N, q)``, the smallest size
+        whose overflow probability per step is at most
+        :data:`DEFAULT_OVERFLOW_PROBABILITY` (1e-18).
+
+    Attributes: ``relation`` (:data:`ADD_REMOVE`), ``q``,
+    ``expected_batch_size = q * N`` (the public constant to normalise by,
+    never the realised count), ``max_batch_size``, ``overflow_probability``.
+
+    **Method.** The number of records ``K ~ Binomial(N, q)`` is drawn by
+    inverse CDF: 64 random bits ``u`` are compared with a table
+    ``T_k = round(P(K <= k) * 2**64)``, ``k = 0..max_batch_size``, computed on
+    the host with SciPy from the public N and q (both tails in full relative
+    precision). Then ``K`` records are the first ``K`` entries of a uniformly
+    random sequence of ``max_batch_size`` distinct indices (as in
+    :class:`FixedSizeSampler`), and ``mask[j] = j < K``. Given K, the included
+    set is a uniform K-subset, so every record is included independently with
+    probability q; no index is favoured. Cost ``O(max_batch_size log
+    max_batch_size)``, independent of N.
+
+    **Formal guarantees.** If ``K <= max_batch_size``, the set ``{indices[j] :
+    mask[j]}`` has exactly the distribution of Poisson sampling: each record
+    independently with probability ``q`` (up to the precision of the table:
+    each ``P(K = k)`` is realised with absolute error below ``2**-63`` plus
+    the float64 error of SciPy's binomial CDF, about 1e-15 relative). Padded
+    positions (``mask == False``) hold valid indices of other records, so
+    gathering never goes out of range; their values must be ignored, and
+    DPSVI gives them exactly zero weight. ``K = 0`` (an empty batch) returns an
+    all-False mask. Poisson sampling is analysed under the :data:`ADD_REMOVE`
+    relation (neighbouring data sets differ by one added or removed record),
+    e.g. by :func:`d3p.dputil.approximate_sigma_remove_relation`; N is treated
+    as public, as in the normalisation by ``q * N``.
+
+    *Overflow.* If ``K > max_batch_size`` (probability
+    ``p = poisson_overflow_probability(N, q, max_batch_size)`` per step), the
+    batch is truncated to ``max_batch_size`` records chosen uniformly at
+    random among the ``K`` (the mask is all True). This is the only deviation
+    from Poisson sampling, and it is bounded as follows: run the real
+    (truncating) mechanism ``M'`` and the ideal Poisson mechanism ``M`` on the
+    same random bits; their outputs differ only if some step overflows, which
+    has probability at most ``eta = T * p`` whatever the data. If ``M`` is
+    (ε, δ)-DP, then for neighbours D, D' and any event S,
+    ``P[M'(D) in S] <= P[M(D) in S] + eta <= e^ε P[M(D') in S] + δ + eta <=
+    e^ε P[M'(D') in S] + δ + (1 + e^ε) eta``, so ``M'`` is
+    ``(ε, δ + (1 + e^ε) T p)``-DP (with p evaluated at the larger N of the
+    two neighbours, see :func:`poisson_overflow_delta`). With the default
+    bound ``p <= 1e-18`` this is below 1e-8 for ``T <= 1e6`` and ``ε <= 9``.
+
+    >>> import d3p.random
+    >>> sampler = PoissonSampler(num_records=1000, q=0.01)
+    >>> indices, mask = sampler.sample(d3p.random.PRNGKey(0))
+    >>> indices.shape == mask.shape == (sampler.max_batch_size,)
+    True
+    """
+
+    num_records: int
+    q: float
+    max_batch_size: Optional[int] = None
+
+    def __post_init__(self):
+        n = _check_num_records(self.num_records)
+        q = _check_q(self.q)
+        object.__setattr__(self, "num_records", n)
+        object.__setattr__(self, "q", q)
+        if self.max_batch_size is None:
+            m = poisson_max_batch_size(n, q)
+        else:
+            m = _check_size("max_batch_size", self.max_batch_size, n)
+        object.__setattr__(self, "max_batch_size", m)
+
+    @property
+    def relation(self) -> str:
+        """:data:`ADD_REMOVE`."""
+        return ADD_REMOVE
+
+    @property
+    def expected_batch_size(self) -> float:
+        """``q * N``: the public constant to normalise a batch sum by."""
+        return self.q * self.num_records
+
+    @property
+    def overflow_probability(self) -> float:
+        """Per-step probability that ``K > max_batch_size`` (truncation)."""
+        return poisson_overflow_probability(self.num_records, self.q, self.max_batch_size)
+
+    def sample(self, rng_key, rng_suite: types.ModuleType = d3p.random) -> Tuple[jax.Array, jax.Array]:
+        """Draw one batch.
+
+        :param rng_key: a key of ``rng_suite`` (secret, fresh for every batch).
+        :param rng_suite: PRNG suite, :mod:`d3p.random` (default) or :mod:`d3p.random.debug`.
+        :return: ``(indices int32[max_batch_size], mask bool[max_batch_size])``;
+            ``mask[j]`` is True for the ``min(K, max_batch_size)`` real records,
+            which come first.
+        """
+        return _sample_jit(self, rng_key, rng_suite)
+
+    def _sample(self, rng_key, rng_suite):
+        count_key, index_key = rng_suite.split(rng_key, 2)
+        count = _binomial_count(count_key, self.num_records, self.q, self.max_batch_size, rng_suite)
+        indices = _distinct_uniform(index_key, self.max_batch_size, self.num_records, rng_suite)
+        mask = jnp.arange(self.max_batch_size) < count
+        return indices, mask
+
+
+@dataclass(frozen=True)
+class WithReplacementSampler:
+    """``batch_size`` independent, uniformly random records (with replacement).
+
+    :param int num_records: number of records N (public).
+    :param int batch_size: batch size B (public), in ``[1, N]``.
+
+    Attributes: ``relation = None``, ``q = B / N`` (the expected fraction of
+    draws that hit one given record is ``1/N`` per draw), ``expected_batch_size = B``,
+    ``max_batch_size = B``.
+
+    **Formal guarantees.** The B indices are independent and each exactly
+    uniform on ``[0, N)`` (Lemire's method with rejection; given ideal random
+    bits); the mask is all True. A record may appear several times in a
+    batch, so one record can contribute up to B clipped gradients.
+    **No accountant in d3p covers this sampler**: the substitute-relation
+    accountant for sampling without replacement does not apply, hence
+    ``relation`` is None, and :class:`d3p.svi.DPSVI` must refuse to account
+    for it. (Amplification by sampling with replacement has been analysed,
+    e.g. by Balle, Barthe and Gaboardi, 2018, under the substitute relation,
+    but that analysis is not implemented here.)
+    """
+
+    num_records: int
+    batch_size: int
+
+    def __post_init__(self):
+        n = _check_num_records(self.num_records)
+        object.__setattr__(self, "num_records", n)
+        object.__setattr__(self, "batch_size", _check_size("batch_size", self.batch_size, n))
+
+    @property
+    def relation(self) -> None:
+        """None: not covered by any accountant in d3p."""
+        return None
+
+    @property
+    def q(self) -> float:
+        """``B / N``."""
+        return self.batch_size / self.num_records
+
+    @property
+    def expected_batch_size(self) -> int:
+        """B."""
+        return self.batch_size
+
+    @property
+    def max_batch_size(self) -> int:
+        """B."""
+        return self.batch_size
+
+    def sample(self, rng_key, rng_suite: types.ModuleType = d3p.random) -> Tuple[jax.Array, jax.Array]:
+        """Draw one batch: ``(indices int32[B], mask bool[B])``, the mask all True."""
+        return _sample_jit(self, rng_key, rng_suite)
+
+    def _sample(self, rng_key, rng_suite):
+        indices = _uniform_indices(rng_key, self.batch_size, self.num_records, rng_suite)
+        return indices, jnp.ones((self.batch_size,), bool)
+
+
+Sampler = Union[FixedSizeSampler, PoissonSampler, WithReplacementSampler]
+
+
+@partial(jax.jit, static_argnums=(0, 2))
+def _sample_jit(sampler, rng_key, rng_suite):
+    # compiled once per (sampler, suite), so that eager calls are fast too
+    return sampler._sample(rng_key, rng_suite)
+
+
+@partial(jax.jit, static_argnums=(0, 3))
+def _sample_batch_jit(sampler, rng_key, i, rng_suite):
+    return sampler._sample(rng_suite.fold_in(rng_key, i), rng_suite)
+
+
+# ----------------------------------------------------------------------------
+# Feistel permutation (non-private shuffling)
+
+
+def feistel_permutation(
+    rng_key,
+    positions: jax.typing.ArrayLike,
+    num_records: int,
+    num_rounds: int = DEFAULT_FEISTEL_ROUNDS,
+    rng_suite: types.ModuleType = d3p.random,
+) -> jax.Array:
+    """A keyed pseudo-random permutation of ``[0, num_records)``, evaluated at ``positions``.
+
+    A Feistel network on ``b = max(2, ceil(log2 N))`` bits (halves of
+    ``floor(b/2)`` and ``ceil(b/2)`` bits, alternating) with round function
+    ``F_i(R) = rng_suite.random_bits(rng_suite.fold_in(round_key_i, R))``
+    is a bijection on ``[0, 2**b)``; cycle-walking (re-applying it while the
+    value is ``>= N``, in a ``lax.while_loop`` over the whole vector, which
+    ends after at most ``2**b - N + 1`` applications) restricts it to a
+    bijection on ``[0, N)``. Work is ``O(len(positions) * num_rounds)``
+    integer operations, independent of N.
+
+    :param rng_key: a key of ``rng_suite``.
+    :param positions: int array of positions in ``[0, N)`` (distinct positions
+        give distinct outputs).
+    :param int num_records: N.
+    :param int num_rounds: number of Feistel rounds (static).
+    :param rng_suite: PRNG suite.
+    :return: int32 array of the shape of ``positions``.
+
+    **Formal guarantees.** For a fixed key the map is a bijection of
+    ``[0, N)``. Its distribution over keys is *not* uniform over
+    permutations or subsets (see the module docstring): use it for
+    non-private shuffling only, never for a batch the accountant analyses.
+    """
+    num_records = _check_num_records(num_records)
+    num_rounds = int(num_rounds)
+    if num_rounds < 1:
+        raise ValueError(f"Expected num_rounds >= 1, got num_rounds={num_rounds}.")
+    bits = max(2, math.ceil(math.log2(num_records)))
+    round_keys = rng_suite.split(rng_key, num_rounds)
+    positions = jnp.asarray(positions)
+    x0 = positions.astype(jnp.uint32)
+
+    def round_fn(key, r):
+        return jax.vmap(lambda v: rng_suite.random_bits(rng_suite.fold_in(key, v), 32, ()))(r)
+
+    # the two half widths alternate between rounds; loop over rounds (one
+    # compiled round function) with the widths as traced shift amounts
+    c_even, c_odd = np.uint32(bits // 2), np.uint32(bits - bits // 2)
+    one = np.uint32(1)
+
+    def feistel_round(i, flat):
+        c = jnp.where(i % 2 == 0, c_even, c_odd)  # width of the right half
+        a = np.uint32(bits) - c
+        left = flat >> c
+        right = flat & ((one << c) - one)
+        f = round_fn(round_keys[i], right).astype(jnp.uint32)
+        return (right << a) | ((left ^ f) & ((one << a) - one))
+
+    def permute(x):
+        flat = lax.fori_loop(0, num_rounds, feistel_round, x.reshape(-1))
+        return flat.reshape(x.shape)
+
+    def cond(x):
+        return jnp.any(x >= num_records)
+
+    def body(x):
+        return jnp.where(x >= num_records, permute(x), x)
+
+    return lax.while_loop(cond, body, permute(x0)).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------
+# gathering and the (init, get_batch) interface
+
+
+class BatchifyState(NamedTuple):
+    """State of a batchify pair.
+
+    :ivar rng_key: the key of the current epoch; batch i is drawn with
+        ``rng_suite.fold_in(rng_key, i)``.
+    """
+
+    rng_key: Any
+
+
+def take_batch(dataset: Dataset, indices: jax.typing.ArrayLike):
+    """Gather the records at ``indices`` from every array of ``dataset``.
+
+    :param dataset: an array, or a tuple/list of arrays with equal leading dimension.
+    :param indices: int array of record indices (may be traced).
+    :return: the gathered array for a single array, otherwise a tuple of gathered arrays.
+    """
+    if isinstance(dataset, (tuple, list)):
+        return tuple(jnp.take(jnp.asarray(x), indices, axis=0) for x in dataset)
+    return jnp.take(jnp.asarray(dataset), indices, axis=0)
+
+
+def _make_batchify(arrays, single, sampler, rng_suite, num_batches, with_mask):
+    def init(rng_key) -> Tuple[int, BatchifyState]:
+        """Start an epoch: returns ``(num_batches, BatchifyState(rng_key))``."""
+        return num_batches, BatchifyState(rng_key)
+
+    def get_batch(i, state: BatchifyState):
+        """The i-th batch (``i`` may be traced)."""
+        indices, mask = _sample_batch_jit(sampler, state.rng_key, i, rng_suite)
+        batch = take_batch(arrays[0] if single else arrays, indices)
+        return (batch, mask) if with_mask else batch
+
+    init.sampler = sampler
+    get_batch.sampler = sampler
+    return init, get_batch
+
+
+def subsample_batchify_data(
+    dataset: Dataset,
+    batch_size: Optional[int] = None,
+    q: Optional[float] = None,
+    with_replacement: bool = False,
+    rng_suite: types.ModuleType = d3p.random,
+) -> Tuple[Callable, Callable]:
+    """Fixed-size random batches, each drawn independently (the d3p 0.2 interface).
+
+    :param dataset: a tuple (or list) of arrays with equal leading dimension N,
+        or a single array. Batches mirror it: a tuple of arrays for a
+        tuple/list, a single array for a single array. The arrays are copied
+        to the device once; the caller's arrays are never modified.
+    :param int batch_size: B in ``[1, N]``; exactly one of ``batch_size`` and ``q``.
+    :param float q: sampling probability; B = :func:`q_to_batch_size` ``(q, N)``.
+    :param bool with_replacement: draw B independent uniform indices instead
+        (see :class:`WithReplacementSampler`: not covered by d3p's accountants).
+    :param rng_suite: PRNG suite for batch selection.
+    :return: ``(init, get_batch)``: ``init(rng_key) -> (num_batches, state)`` with
+        ``num_batches = N // B`` (batches per epoch) and ``state`` a
+        :class:`BatchifyState`; ``get_batch(i, state)`` returns batch ``i``,
+        drawn with ``fold_in(state.rng_key, i)``; jittable, ``i`` may be
+        traced. Both functions carry the sampler as attribute ``.sampler``
+        (its ``relation``, ``q`` and ``expected_batch_size`` are what
+        accounting and normalisation must use).
+
+    **Formal guarantees.** Those of :class:`FixedSizeSampler` (uniform
+    B-subsets, independent across i; :data:`SUBSTITUTE` relation), or of
+    :class:`WithReplacementSampler` if ``with_replacement``.
+
+    >>> import numpy as np, d3p.random
+    >>> init, get_batch = subsample_batchify_data((np.arange(10.0), np.ones((10, 2))), batch_size=3)
+    >>> num_batches, state = init(d3p.random.PRNGKey(0))
+    >>> x, y = get_batch(0, state)
+    >>> num_batches, x.shape, y.shape
+    (3, (3,), (3, 2))
+    """
+    arrays, single, n = _check_dataset(dataset)
+    if (batch_size is None) == (q is None):
+        raise ValueError(
+            f"Expected exactly one of batch_size and q, got batch_size={batch_size!r}, q={q!r}."
+        )
+    if batch_size is None:
+        batch_size = q_to_batch_size(q, n)
+    batch_size = _check_size("batch_size", batch_size, n)
+    if with_replacement:
+        sampler = WithReplacementSampler(n, batch_size)
+    else:
+        sampler = FixedSizeSampler(n, batch_size)
+    return _make_batchify(arrays, single, sampler, rng_suite, n // batch_size, with_mask=False)
+
+
+def poisson_batchify_data(
+    dataset: Dataset,
+    q: float,
+    max_batch_size: Optional[int] = None,
+    rng_suite: types.ModuleType = d3p.random,
+) -> Tuple[Callable, Callable]:
+    """Poisson-sampled batches of fixed shape with a mask.
+
+    :param dataset: a tuple (or list) of arrays with equal leading dimension N,
+        or a single array (batches mirror its structure).
+    :param float q: sampling probability of every record, in (0, 1].
+    :param int max_batch_size: padded batch length; default: overflow
+        probability at most 1e-18 per step (see :class:`PoissonSampler`).
+    :param rng_suite: PRNG suite for batch selection.
+    :return: ``(init, get_batch)``: ``init(rng_key) -> (num_batches, state)``
+        with ``num_batches = floor(1 / q)``; ``get_batch(i, state)`` returns
+        ``(batch, mask)`` with ``mask`` bool of shape ``(max_batch_size,)``,
+        True for real records. Both carry the :class:`PoissonSampler` as
+        ``.sampler``; normalise by ``sampler.expected_batch_size = q N``.
+
+    **Formal guarantees.** Those of :class:`PoissonSampler`, including the
+    overflow term added to δ; :data:`ADD_REMOVE` relation.
+    """
+    arrays, single, n = _check_dataset(dataset)
+    sampler = PoissonSampler(n, q, max_batch_size)
+    num_batches = max(1, int(1.0 / sampler.q))
+    return _make_batchify(arrays, single, sampler, rng_suite, num_batches, with_mask=True)
+
+
+@partial(jax.jit, static_argnums=(2, 3, 4))
+def _split_indices_jit(rng_key, i, num_records, batch_size, rng_suite):
+    positions = jnp.asarray(i, jnp.int32) * batch_size + jnp.arange(batch_size, dtype=jnp.int32)
+    return feistel_permutation(rng_key, positions, num_records, rng_suite=rng_suite)
+
+
+def split_batchify_data(
+    dataset: Dataset,
+    batch_size: int,
+    rng_suite: types.ModuleType = d3p.random,
+) -> Tuple[Callable, Callable]:
+    """Shuffle-and-split: disjoint batches that together cover an epoch. **Not private.**
+
+    For non-private use (evaluation, or a non-private baseline): batches of an
+    epoch are disjoint and therefore dependent, which no d3p accountant
+    covers. Batch ``i`` holds the records at positions ``i*B .. (i+1)*B - 1``
+    of a pseudo-random permutation (:func:`feistel_permutation`) keyed by
+    ``state.rng_key``, computed in ``O(B)`` without materialising the
+    permutation; call ``init`` with a new key for every epoch.
+
+    :param dataset: a tuple (or list) of arrays, or a single array.
+    :param int batch_size: B in ``[1, N]``.
+    :param rng_suite: PRNG suite for the permutation.
+    :return: ``(init, get_batch)`` as in :func:`subsample_batchify_data`;
+        ``num_batches = N // B`` (the last ``N mod B`` positions are skipped).
+        ``get_batch.sampler`` is None.
+    """
+    arrays, single, n = _check_dataset(dataset)
+    batch_size = _check_size("batch_size", batch_size, n)
+    num_batches = n // batch_size
+
+    def init(rng_key) -> Tuple[int, BatchifyState]:
+        """Start an epoch: returns ``(num_batches, BatchifyState(rng_key))``."""
+        return num_batches, BatchifyState(rng_key)
+
+    def get_batch(i, state: BatchifyState):
+        """The i-th batch of the epoch (``i`` may be traced)."""
+        indices = _split_indices_jit(state.rng_key, i, n, batch_size, rng_suite)
+        return take_batch(arrays[0] if single else arrays, indices)
+
+    init.sampler = None
+    get_batch.sampler = None
+    return init, get_batch
