@@ -279,9 +279,10 @@ def normal(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32) -> jax.
     Each sample uses 64 keystream bits: one for the sign, 63 for a tail
     probability ``p`` in ``(0, 1)`` whose resolution is finest near 0, and the
     magnitude is the inverse normal CDF at ``p / 2``. Magnitudes up to about
-    9.5 are reachable, so the tails are correct to far below any privacy
-    parameter in use (P(|Z| > 9.5) < 3e-21), unlike inversion of a single
-    24-bit uniform, which stops at about 5.4.
+    9.15 (at ``p = 2**-64``) are reachable, so the tails are correct to far
+    below any privacy parameter in use (P(|Z| > 9.15) < 6e-20), unlike
+    inversion of a single 24-bit uniform, which stops at about 5.4. Smaller
+    floats (float16, bfloat16) are computed in float32 and rounded.
     """
     out_dtype = _float_info(dtype)
     # narrower floats (float16, bfloat16) cannot hold p; compute in float32
