@@ -9,14 +9,14 @@ key. Every output is ChaCha20's keystream for that key under a nonce that
 separates purposes, so no two functions of the suite ever read the same part
 of one stream:
 
-========================  =====================  ============================
-purpose                   nonce (3 words)         block counter
-========================  =====================  ============================
-``random_bits`` output    ``(0, 0, 0)``           0, 1, 2, ... (one per block)
-``split``                 ``(1, 0, 0)``           index of the child key
-``fold_in(key, data)``    ``(2, data, 0)``        0
-``convert_to_jax_rng_key`` ``(3, 0, 0)``          0
-========================  =====================  ============================
+==========================  ==================  ============================
+purpose                     nonce (3 words)     block counter
+==========================  ==================  ============================
+``random_bits`` output      ``(0, 0, 0)``       0, 1, 2, ... (one per block)
+``split``                   ``(1, 0, 0)``       index of the child key
+``fold_in(key, data)``      ``(2, data, 0)``    0
+``convert_to_jax_rng_key``  ``(3, 0, 0)``       0
+==========================  ==================  ============================
 
 A child key (from ``split`` or ``fold_in``) is the first 8 words of one
 keystream block; with ChaCha20 as a pseudo-random function these are
@@ -280,7 +280,7 @@ def normal(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32) -> jax.
     probability ``p`` in ``(0, 1)`` whose resolution is finest near 0, and the
     magnitude is the inverse normal CDF at ``p / 2``. Magnitudes up to about
     9.15 (at ``p = 2**-64``) are reachable, so the tails are correct to far
-    below any privacy parameter in use (P(|Z| > 9.15) < 6e-20), unlike
+    below any privacy parameter in use (``P(abs(Z) > 9.15)`` < 6e-20), unlike
     inversion of a single 24-bit uniform, which stops at about 5.4. Smaller
     floats (float16, bfloat16) are computed in float32 and rounded.
     """
