@@ -1,0 +1,386 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tests of d3p.audit: the statistics, and the audit as a guard of the package.
+
+The mechanism audits run the package's real code paths
+(``d3p.gradients.clipped_grad_sum`` / ``add_gaussian_noise`` and
+``d3p.svi.DPSVI.update``); the broken variants are made by monkeypatching
+those functions, so the audit must detect a bug where the bug would live.
+"""
+
+import argparse
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+import d3p.random
+import d3p.svi
+from d3p import accounting, audit, gradients
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    """Exact ε(δ) of N(μ, 1) against N(0, 1) (Balle and Wang 2018), independent of d3p.accounting."""
+
+    def delta_of(eps):
+        return stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+
+    if delta_of(0.0) <= delta:
+        return 0.0
+    return optimize.brentq(lambda e: delta_of(e) - delta, 0.0, 200.0, xtol=1e-12)
+
+
+def break_package(monkeypatch, kind: str) -> None:
+    """Replace d3p's clipped sum / noise by a broken variant, where the package looks them up."""
+    real_sum = gradients.clipped_grad_sum
+    real_noise = gradients.add_gaussian_noise
+    new_sum, new_noise = real_sum, real_noise
+    if kind == "no_noise":
+
+        def new_noise(grad_sum, noise_key, dp_scale, clipping_threshold, rng_suite=d3p.random):
+            return grad_sum
+
+    elif kind == "small_noise":
+
+        def new_noise(grad_sum, noise_key, dp_scale, clipping_threshold, rng_suite=d3p.random):
+            return real_noise(grad_sum, noise_key, dp_scale / 10, clipping_threshold, rng_suite)
+
+    elif kind == "no_clipping":
+
+        def new_sum(loss_fn, params, records, mask, clipping_threshold, **kwargs):
+            return real_sum(loss_fn, params, records, mask, math.inf, **kwargs)
+
+    elif kind == "realised_count":
+        # noise std divided by the realised number of records, the sum not: the
+        # noise then depends on the data (and on whether the canary was sampled)
+        seen = {}
+
+        def new_sum(loss_fn, params, records, mask, clipping_threshold, **kwargs):
+            seen["count"] = jnp.sum(jnp.asarray(mask)) if mask is not None else None
+            return real_sum(loss_fn, params, records, mask, clipping_threshold, **kwargs)
+
+        def new_noise(grad_sum, noise_key, dp_scale, clipping_threshold, rng_suite=d3p.random):
+            zeros = jax.tree.map(jnp.zeros_like, grad_sum)
+            unit = real_noise(zeros, noise_key, 1.0, 1.0, rng_suite)  # the package's N(0, 1) draw
+            std = dp_scale * clipping_threshold / jnp.maximum(seen["count"], 1)
+            return jax.tree.map(lambda g, z: g + z * std.astype(z.dtype), grad_sum, unit)
+
+    else:
+        raise AssertionError(kind)
+    for module in (gradients, d3p.svi):
+        monkeypatch.setattr(module, "clipped_grad_sum", new_sum)
+        monkeypatch.setattr(module, "add_gaussian_noise", new_noise)
+
+
+# ---------------------------------------------------------------------------
+# statistics
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 7, 100, 5000])
+@pytest.mark.parametrize("alpha", [0.001, 0.025, 0.2])
+def test_clopper_pearson_matches_statsmodels(n, alpha):
+    from statsmodels.stats.proportion import proportion_confint
+
+    ks = np.unique(np.linspace(0, n, 9).round().astype(int))
+    lo, hi = audit.clopper_pearson_bounds(ks, n, alpha)
+    ref_lo, ref_hi = proportion_confint(ks, n, alpha=2 * alpha, method="beta")
+    np.testing.assert_allclose(lo, np.nan_to_num(ref_lo, nan=0.0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(hi, np.nan_to_num(ref_hi, nan=1.0), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 10, 1000])
+def test_clopper_pearson_closed_forms(n):
+    alpha = 0.05
+    lo, hi = audit.clopper_pearson_bounds(0, n, alpha)
+    assert lo == 0.0 and hi == pytest.approx(1 - alpha ** (1 / n), rel=1e-10)
+    lo, hi = audit.clopper_pearson_bounds(n, n, alpha)
+    assert hi == 1.0 and lo == pytest.approx(alpha ** (1 / n), rel=1e-10)
+
+
+def test_epsilon_from_rates_known_values():
+    assert audit.epsilon_from_rates(0.5, 0.05, 0.0) == pytest.approx(math.log(10))
+    # the second inequality: TNR <= e^eps FNR + delta
+    assert audit.epsilon_from_rates(0.99, 0.5, 0.0) == pytest.approx(math.log(0.5 / 0.01))
+    assert audit.epsilon_from_rates(0.5, 0.05, 0.1) == pytest.approx(math.log(0.4 / 0.05))
+    assert audit.epsilon_from_rates(0.3, 0.3, 0.0) == 0.0  # useless attack
+    assert audit.epsilon_from_rates(0.1, 0.2, 0.0) == 0.0  # worse than guessing
+    assert audit.epsilon_from_rates(1.0, 0.0, 0.0) == math.inf
+    assert audit.epsilon_from_rates(1e-6, 0.0, 1e-5) == 0.0  # TPR below delta: no evidence
+
+
+@pytest.mark.parametrize("mu", [0.5, 1.0, 2.0])
+def test_bound_on_gaussian_scores_below_and_close_to_the_truth(mu):
+    """N(mu, 1) vs N(0, 1): the exact ε(δ) is known; with 10^6 runs the bound
+    must be below it (validity) and within 25% of it (power)."""
+    delta = 1e-3
+    rng = np.random.default_rng(1)
+    n = 1_000_000
+    s_in = rng.normal(mu, 1.0, n)
+    s_out = rng.normal(0.0, 1.0, n)
+    truth = gaussian_epsilon(mu, delta)
+    b = audit.epsilon_lower_bound(s_in, s_out, delta, beta=0.05)
+    assert b.epsilon <= truth
+    assert b.epsilon >= 0.75 * truth
+    assert b.selection == "split" and b.num_in == n // 2 and b.num_out == n // 2
+    # the rates behind the bound are consistent with the ones it reports
+    assert b.tpr_lower <= b.tpr and b.fpr_upper >= b.fpr
+
+
+def test_bound_covers_at_the_stated_confidence_and_the_check_has_power():
+    """Randomised response with ε = 1, δ = 0 (exact). Over 400 independent
+    audits, the bound may exceed ε in at most a beta fraction (plus binomial
+    slack). The same check rejects the naive bound from point estimates."""
+    eps, beta, reps, n = 1.0, 0.1, 400, 300
+    p = math.exp(eps) / (1 + math.exp(eps))
+    rng = np.random.default_rng(7)
+    over = {"split": 0, "fixed": 0, "bonferroni": 0, "naive": 0}
+    for _ in range(reps):
+        s_in = (rng.random(n) < p).astype(float)
+        s_out = (rng.random(n) < 1 - p).astype(float)
+        over["split"] += audit.epsilon_lower_bound(s_in, s_out, 0.0, beta=beta).epsilon > eps
+        over["fixed"] += audit.epsilon_lower_bound(s_in, s_out, 0.0, beta=beta, threshold=0.5).epsilon > eps
+        over["bonferroni"] += (
+            audit.epsilon_lower_bound(s_in, s_out, 0.0, beta=beta, thresholds=[-1.0, 0.5, 2.0]).epsilon > eps
+        )
+        naive = audit.epsilon_from_rates(np.mean(s_in >= 0.5), np.mean(s_out >= 0.5), 0.0)
+        over["naive"] += naive > eps
+    limit = stats.binom.ppf(0.999, reps, beta)  # a failure here is a real bug, not bad luck
+    for mode in ("split", "fixed", "bonferroni"):
+        assert over[mode] <= limit, (mode, over)
+    assert over["naive"] > limit  # point estimates overshoot: the check has power
+
+
+def test_bonferroni_mode_uses_the_corrected_level():
+    rng = np.random.default_rng(3)
+    s_in, s_out = rng.normal(2.0, 1.0, 2000), rng.normal(0.0, 1.0, 2000)
+    ts = [0.5, 1.0, 2.0, 3.0]
+    b = audit.epsilon_lower_bound(s_in, s_out, 1e-4, beta=0.05, thresholds=ts)
+    alpha = 0.05 / (2 * len(ts))
+    manual = []
+    for t in ts:
+        lo, _ = audit.clopper_pearson_bounds(int(np.sum(s_in >= t)), 2000, alpha)
+        _, hi = audit.clopper_pearson_bounds(int(np.sum(s_out >= t)), 2000, alpha)
+        manual.append(float(audit.epsilon_from_rates(lo, hi, 1e-4)))
+    assert b.epsilon == pytest.approx(max(manual), rel=1e-12)
+    assert b.threshold == ts[int(np.argmax(manual))]
+    assert b.selection == "bonferroni" and b.num_in == 2000
+    # a fixed threshold uses level beta / 2 and all runs
+    f = audit.epsilon_lower_bound(s_in, s_out, 1e-4, beta=0.05, threshold=2.0)
+    lo, _ = audit.clopper_pearson_bounds(int(np.sum(s_in >= 2.0)), 2000, 0.025)
+    assert f.tpr_lower == pytest.approx(float(lo), rel=1e-12)
+
+
+def test_split_threshold_never_sees_the_evaluation_runs():
+    """Changing the evaluation half does not change the chosen threshold."""
+    rng = np.random.default_rng(5)
+    s_in, s_out = rng.normal(1.0, 1.0, 4000), rng.normal(0.0, 1.0, 4000)
+    b1 = audit.epsilon_lower_bound(s_in, s_out, 1e-3)
+    s_in2, s_out2 = s_in.copy(), s_out.copy()
+    s_in2[2000:] = rng.normal(1.0, 1.0, 2000)
+    s_out2[2000:] = rng.normal(0.0, 1.0, 2000)
+    b2 = audit.epsilon_lower_bound(s_in2, s_out2, 1e-3)
+    assert b1.threshold == b2.threshold
+    # and identical scores give a zero bound
+    z = rng.normal(size=4000)
+    assert audit.epsilon_lower_bound(z, z[::-1].copy(), 1e-5).epsilon < 0.5
+
+
+def test_auc_matches_sklearn_and_theory():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    s_in, s_out = rng.normal(1.0, 1.0, 3000), rng.normal(0.0, 1.0, 2000)
+    labels = np.r_[np.ones(3000), np.zeros(2000)]
+    assert audit.auc(s_in, s_out) == pytest.approx(roc_auc_score(labels, np.r_[s_in, s_out]), rel=1e-12)
+    assert audit.auc(s_in, s_out) == pytest.approx(stats.norm.cdf(1 / math.sqrt(2)), abs=0.02)
+    ties_in, ties_out = np.array([0.0, 1.0, 1.0]), np.array([0.0, 1.0])
+    labels = np.r_[np.ones(3), np.zeros(2)]
+    assert audit.auc(ties_in, ties_out) == pytest.approx(roc_auc_score(labels, np.r_[ties_in, ties_out]))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.5, 2.0, 8.0])
+@pytest.mark.parametrize("delta", [0.0, 1e-5, 0.1])
+def test_dp_max_auc_is_the_area_under_the_dp_roc_bound(eps, delta):
+    x = np.linspace(0.0, 1.0, 200001)
+    y = np.minimum.reduce([np.ones_like(x), math.exp(eps) * x + delta, 1 - math.exp(-eps) * (1 - delta - x)])
+    y = np.maximum(y, x)  # never binding for delta >= 0, kept as a check
+    assert audit.dp_max_auc(eps, delta) == pytest.approx(np.trapezoid(y, x), abs=1e-8)
+    # the Gaussian mechanism's AUC respects the bound of its own (ε, δ)
+    mu = 1.0
+    assert stats.norm.cdf(mu / math.sqrt(2)) <= audit.dp_max_auc(gaussian_epsilon(mu, 1e-5), 1e-5)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: audit.epsilon_lower_bound([1.0, 2.0], [0.0, 1.0], delta=1.0), "delta"),
+        (lambda: audit.epsilon_lower_bound([1.0, 2.0], [0.0, 1.0], delta=1e-5, beta=0.0), "beta"),
+        (lambda: audit.epsilon_lower_bound([1.0], [0.0, 1.0], delta=1e-5), "scores_in"),
+        (lambda: audit.epsilon_lower_bound([1.0, np.nan], [0.0, 1.0], delta=1e-5), "scores_in"),
+        (lambda: audit.epsilon_lower_bound([[1.0, 2.0]], [0.0, 1.0], delta=1e-5), "scores_in"),
+        (lambda: audit.epsilon_lower_bound([1.0, 2.0], [0.0, 1.0], 1e-5, threshold=0.0, thresholds=[1.0]), "threshold"),
+        (lambda: audit.epsilon_lower_bound([1.0, 2.0], [0.0, 1.0], 1e-5, calibration_fraction=1.0), "calibration_fraction"),
+        (lambda: audit.epsilon_lower_bound([1.0, 2.0], [0.0, 1.0], 1e-5, thresholds=[]), "thresholds"),
+        (lambda: audit.clopper_pearson_bounds(3, 2, 0.05), "successes"),
+        (lambda: audit.clopper_pearson_bounds(1, 2, 1.5), "alpha"),
+        (lambda: audit.epsilon_from_rates(1.5, 0.1, 0.0), "tpr"),
+        (lambda: audit.dp_max_auc(-1.0, 0.0), "epsilon"),
+        (lambda: audit.gaussian_step_scores(d3p.random.PRNGKey(0), 1, dp_scale=1.0), "num_runs"),
+        (lambda: audit.gaussian_step_scores(d3p.random.PRNGKey(0), 10, dp_scale=-1.0), "dp_scale"),
+        (lambda: audit.gaussian_step_scores(d3p.random.PRNGKey(0), 10, dp_scale=1.0, relation="x"), "relation"),
+        (lambda: audit.gaussian_step_scores(d3p.random.PRNGKey(0), 10, dp_scale=1.0, clipping_threshold=0.0), "clipping_threshold"),
+        (lambda: audit.dpsvi_scores(d3p.random.PRNGKey(0), 10, dp_scale=1.0, q=0.0, num_steps=1), "q"),
+        (lambda: audit.dpsvi_scores(d3p.random.PRNGKey(0), 10, dp_scale=1.0, q=0.5, num_steps=0), "num_steps"),
+        (lambda: audit.dpsvi_scores(d3p.random.PRNGKey(0), 10, dp_scale=1.0, q=0.5, num_steps=1, threat_model="x"), "threat_model"),
+        (lambda: audit.dpsvi_scores(d3p.random.PRNGKey(0), 10, dp_scale=1.0, q=0.5, num_steps=1, sampler="x"), "sampler"),
+    ],
+)
+def test_bad_input_names_the_argument(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+# ---------------------------------------------------------------------------
+# the audit as a guard of the package
+# ---------------------------------------------------------------------------
+
+DELTA = 1e-5
+
+
+@pytest.mark.parametrize("relation, sigma, shift", [("add_remove", 1.0, 1.0), ("substitute", 2.0, 2.0)])
+def test_correct_gaussian_step_respects_the_accountant(relation, sigma, shift):
+    """The real step (clipped_grad_sum + add_gaussian_noise) is the Gaussian
+    mechanism: the bound is below the (exact) accountant, not far below it,
+    and the attack's AUC is the Gaussian mechanism's."""
+    res = audit.audit_gaussian_step(d3p.random.PRNGKey(11), 200_000, dp_scale=sigma, delta=DELTA, relation=relation)
+    assert res.epsilon_accountant == pytest.approx(gaussian_epsilon(shift / sigma, DELTA), rel=1e-6)
+    assert res.epsilon_lower <= res.epsilon_accountant
+    assert res.epsilon_lower >= 0.5 * res.epsilon_accountant  # the audit has power
+    assert res.auc == pytest.approx(stats.norm.cdf(shift / (sigma * math.sqrt(2))), abs=0.004)
+    assert not res.violation
+    # the score is the Gaussian mechanism's output: N(1, σ²) and N(1 - shift, σ²)
+    assert stats.kstest(res.scores_in, stats.norm(1.0, sigma).cdf).pvalue > 1e-3
+    assert stats.kstest(res.scores_out, stats.norm(1.0 - shift, sigma).cdf).pvalue > 1e-3
+
+
+def test_scores_are_deterministic_and_keyed():
+    a = audit.gaussian_step_scores(d3p.random.PRNGKey(3), 50, dp_scale=1.0)
+    b = audit.gaussian_step_scores(d3p.random.PRNGKey(3), 50, dp_scale=1.0, runs_per_chunk=7)
+    np.testing.assert_array_equal(a[0], b[0])  # same key: same runs, however chunked
+    np.testing.assert_array_equal(a[1], b[1])
+    # runs with and without the canary use different noise (independent samples)
+    assert not np.any(np.isclose(a[0] - 1.0, a[1]))
+
+
+@pytest.mark.parametrize("kind", ["no_noise", "small_noise", "no_clipping"])
+def test_broken_gaussian_step_is_detected(monkeypatch, kind):
+    sigma = 4.0  # accountant: ε(1e-5) = 0.93
+    break_package(monkeypatch, kind)
+    res = audit.audit_gaussian_step(d3p.random.PRNGKey(12), 20_000, dp_scale=sigma, delta=DELTA)
+    assert res.epsilon_accountant < 1.0
+    assert res.violation
+    assert res.epsilon_lower > 3.0 * res.epsilon_accountant, res.summary()
+
+
+DPSVI_SETTING = dict(dp_scale=2.0, q=0.5, num_steps=4)  # accountant: ε(1e-5) = 2.52
+
+
+def test_correct_dpsvi_respects_the_accountant():
+    res = audit.audit_dpsvi(d3p.random.PRNGKey(21), 20_000, delta=DELTA, **DPSVI_SETTING)
+    assert res.epsilon_accountant == pytest.approx(
+        accounting.compute_epsilon(2.0, 0.5, 4, DELTA, relation="add_remove")
+    )
+    assert res.epsilon_lower <= res.epsilon_accountant, res.summary()
+    assert res.epsilon_lower >= 0.3 * res.epsilon_accountant, res.summary()  # power
+    assert not res.violation
+
+
+def test_dpsvi_with_noise_from_the_realised_batch_size_is_detected(monkeypatch):
+    """Noise std divided by the realised number of records (the sum is not):
+    under Poisson sampling the noise then shrinks with the batch and depends on
+    whether the canary was sampled - a privacy failure the audit must see."""
+    break_package(monkeypatch, "realised_count")
+    res = audit.audit_dpsvi(
+        d3p.random.PRNGKey(22), 20_000, delta=DELTA, num_other_records=63, **DPSVI_SETTING
+    )
+    assert res.violation
+    assert res.epsilon_lower > 2.0 * res.epsilon_accountant, res.summary()
+
+
+def test_cli_prints_both_epsilons(capsys):
+    status = audit.main(["--mechanism", "step", "--runs", "4000", "--seed", "0", "--sigma", "1.0", "--no-progress"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "epsilon_lower" in out and "epsilon_accountant" in out
+    # registration on a host parser, as d3p/__main__.py does (func(args, parser))
+    parser = argparse.ArgumentParser(prog="d3p")
+    sub = parser.add_subparsers(dest="command")
+    audit.register_audit(sub)
+    args = parser.parse_args(["audit", "--runs", "10", "--mechanism", "dpsvi", "--q", "0.1"])
+    assert args.func is audit.main_audit and args.q == 0.1 and args.runs == 10
+    # invalid values are reported through the parser (exit status 2), naming the argument
+    args = parser.parse_args(["audit", "--runs", "10", "--sigma", "-1"])
+    with pytest.raises(SystemExit) as exc:
+        args.func(args, args.command_parser)
+    assert exc.value.code == 2
+    assert "dp_scale" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# slow: every broken variant through DPSVI, the package's sampler, more runs
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["no_noise", "small_noise", "no_clipping", "realised_count"])
+def test_broken_dpsvi_is_detected_slow(monkeypatch, kind):
+    break_package(monkeypatch, kind)
+    res = audit.audit_dpsvi(
+        d3p.random.PRNGKey(31),
+        20_000,
+        delta=DELTA,
+        sampler="poisson_sampler",
+        num_other_records=63 if kind == "realised_count" else 7,
+        **DPSVI_SETTING,
+    )
+    assert res.epsilon_lower > 2.0 * res.epsilon_accountant, res.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threat_model", ["every_step", "final_params"])
+def test_correct_dpsvi_with_the_package_sampler_slow(threat_model):
+    res = audit.audit_dpsvi(
+        d3p.random.PRNGKey(32),
+        200_000,
+        delta=DELTA,
+        sampler="poisson_sampler",
+        threat_model=threat_model,
+        **DPSVI_SETTING,
+    )
+    assert res.epsilon_lower <= res.epsilon_accountant, res.summary()
+    if threat_model == "every_step":
+        assert res.epsilon_lower >= 0.4 * res.epsilon_accountant, res.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["no_noise", "small_noise", "no_clipping", "realised_count"])
+def test_broken_gaussian_step_substitute_slow(monkeypatch, kind):
+    break_package(monkeypatch, kind)
+    res = audit.audit_gaussian_step(
+        d3p.random.PRNGKey(33), 100_000, dp_scale=8.0, delta=DELTA, relation="substitute"
+    )
+    assert res.epsilon_lower > 2.0 * res.epsilon_accountant, res.summary()
+
+
+@pytest.mark.slow
+def test_correct_gaussian_step_is_audited_tightly_slow():
+    """With 4 x 10^6 runs the bound comes within 15% of the exact ε at δ = 1e-3."""
+    res = audit.audit_gaussian_step(d3p.random.PRNGKey(34), 4_000_000, dp_scale=1.0, delta=1e-3)
+    assert 0.85 * res.epsilon_accountant <= res.epsilon_lower <= res.epsilon_accountant, res.summary()
