@@ -328,7 +328,7 @@ _RDP_ORDERS = {
         np.arange(2, 65), np.round(np.geomspace(64, 20000, 90)),
     ])).astype(np.int64),
     SUBSTITUTE: np.unique(np.concatenate([
-        np.arange(2, 33), np.round(np.geomspace(32, 5000, 30)),
+        np.arange(2, 17), np.round(np.geomspace(16, 5000, 24)),
     ])).astype(np.int64),
 }
 
@@ -367,7 +367,7 @@ def _log_mgf_substitute(sigma: float, q: float, lambdas: np.ndarray) -> np.ndarr
     out = np.empty(len(lambdas))
     for i, lam in enumerate(np.asarray(lambdas, dtype=np.float64)):
         vals = []
-        for n_min, frac in ((2000, 0.25), (4000, 0.125)):
+        for n_min, frac in ((1000, 0.5), (1500, 0.35)):
             lo = -1.0 - 14.0 * sigma
             hi = 1.0 + lam + 14.0 * sigma
             n = int(min(max(n_min, (hi - lo) / (frac * sigma)), 400_000))
