@@ -4,7 +4,7 @@ Importing d3p has no side effects: it changes no JAX configuration and
 selects no platform. The submodules are re-exported explicitly below.
 """
 
-from d3p import accounting, dputil, gradients, minibatch, random, svi
+from d3p import accounting, dputil, gradients, minibatch, modelling, random, svi, util
 from d3p.svi import DPSVI, DPSVIState
 from d3p.version import VERSION
 
@@ -15,8 +15,10 @@ __all__ = [
     "dputil",
     "gradients",
     "minibatch",
+    "modelling",
     "random",
     "svi",
+    "util",
     "DPSVI",
     "DPSVIState",
     "__version__",
