@@ -163,9 +163,10 @@ class DPSVI(SVI):
     :param model: NumPyro model; its records must sit under a subsampling plate.
     :param guide: NumPyro guide (e.g. an autoguide).
     :param optim: a NumPyro optimizer, a ``jax.example_libraries`` optimizer or
-        an ``optax`` transformation. Optimizers that use the loss value
+        an ``optax`` transformation. NumPyro optimizers that use the loss value
         (``numpyro.optim.Minimize``, ``update_with_value``) are refused: the loss
-        is not private.
+        is not private. Optax transformations are given a constant 0 as the loss
+        value, so those that read it (e.g. ``reduce_on_plateau``) never adapt.
     :param per_example_loss: the ELBO, e.g. ``numpyro.infer.Trace_ELBO()``,
         evaluated on one record at a time.
     :param float clipping_threshold: ``C > 0``, finite; ``inf`` only together
@@ -176,9 +177,16 @@ class DPSVI(SVI):
         :mod:`d3p.random` (ChaCha20) by default, :mod:`d3p.random.debug` for
         debugging.
     :param bool clip_unscaled_observations: see above; default True.
-    :param str gradient_strategy: how per-record gradients are formed: ``"vmap"``
-        (default) or ``"chunked"``; all give the same clipped sum.
-    :param int chunk_size: records per chunk for ``gradient_strategy="chunked"``.
+    :param str gradient_strategy: how per-record gradients are formed:
+        ``"auto"`` (default: chosen from the model's structure, the backend and
+        the memory budget), ``"vmap"``, ``"chunked"``, ``"scan"`` or
+        ``"ghost"``; all give the same clipped sum and the same privacy (see
+        :func:`d3p.gradients.clipped_grad_sum`).
+    :param int chunk_size: records per chunk for ``"chunked"`` and ``"ghost"``
+        (default: from the memory budget).
+    :param int memory_budget_bytes: bytes of per-record gradients (or
+        activations) held at once; default
+        :data:`d3p.gradients.DEFAULT_MEMORY_BUDGET_BYTES`.
     :param static_kwargs: keyword arguments passed to model and guide at every
         call, shared by all records (e.g. ``N``, or group-level data).
 
@@ -216,8 +224,9 @@ class DPSVI(SVI):
         dp_scale: float,
         rng_suite=d3p.random,
         clip_unscaled_observations: bool = True,
-        gradient_strategy: str = "vmap",
+        gradient_strategy: str = "auto",
         chunk_size: Optional[int] = None,
+        memory_budget_bytes: Optional[int] = None,
         **static_kwargs,
     ):
         if isinstance(optim, Minimize) or getattr(optim, "update_with_value", False):
@@ -250,14 +259,21 @@ class DPSVI(SVI):
             )
         if chunk_size is not None:
             _check_positive_int("chunk_size", chunk_size)
+        if memory_budget_bytes is not None:
+            _check_positive_int("memory_budget_bytes", memory_budget_bytes)
         self.clipping_threshold = float(C)
         self.dp_scale = float(s)
         self.rng_suite = rng_suite
         self.clip_unscaled_observations = bool(clip_unscaled_observations)
         self.gradient_strategy = gradient_strategy
         self.chunk_size = chunk_size
+        self.memory_budget_bytes = memory_budget_bytes
         # per_example_loss is also available as self.loss (numpyro's name)
         self.per_example_loss = per_example_loss
+        # numpyro hands optax transformations the loss value; the loss is not
+        # private, so they get a public constant instead (loss-reading
+        # transformations such as reduce_on_plateau then never adapt).
+        self._optim_value = jnp.zeros(()) if getattr(self.optim, "update_with_value", False) else None
 
     # ---------------------------------------------------------------- helpers
 
@@ -333,6 +349,7 @@ class DPSVI(SVI):
         :param kwargs: per-record keyword data for model and guide.
         :return: the initial state.
         """
+        records, rebuild, size, per_record = _split_records(args, kwargs)
         rng_key, init_key = self.rng_suite.split(rng_key, 2)
         jax_init_key = self.rng_suite.convert_to_jax_rng_key(init_key)
         state = super().init(jax_init_key, *args, init_params=init_params, **kwargs)
@@ -343,7 +360,6 @@ class DPSVI(SVI):
                 "leak it without any privacy guarantee."
             )
         # check the plate now, on the first record, for a clear early error
-        records, rebuild, size, per_record = _split_records(args, kwargs)
         if size > 0:
             first = [jnp.asarray(x)[:1] if p else None for x, p in zip(records, per_record)]
             a, k = rebuild(first)
@@ -383,6 +399,7 @@ class DPSVI(SVI):
             strategy=self.gradient_strategy,
             chunk_size=self.chunk_size,
             forward_mode=forward_mode,
+            memory_budget_bytes=self.memory_budget_bytes,
         )
         noisy_sum = add_gaussian_noise(
             result.grad_sum, noise_key, self.dp_scale, self.clipping_threshold, self.rng_suite
@@ -428,7 +445,7 @@ class DPSVI(SVI):
         rng_key, grad, loss = self._noisy_gradient(
             svi_state, args, kwargs, mask, expected_batch_size, forward_mode_differentiation
         )
-        optim_state = self.optim.update(grad, svi_state.optim_state)
+        optim_state = self.optim.update(grad, svi_state.optim_state, value=self._optim_value)
         return DPSVIState(optim_state, None, rng_key), loss
 
     def stable_update(
@@ -452,7 +469,7 @@ class DPSVI(SVI):
         rng_key, grad, loss = self._noisy_gradient(
             svi_state, args, kwargs, mask, expected_batch_size, forward_mode_differentiation
         )
-        new_optim_state = self.optim.update(grad, svi_state.optim_state)
+        new_optim_state = self.optim.update(grad, svi_state.optim_state, value=self._optim_value)
         flat_grad = jax.flatten_util.ravel_pytree(grad)[0]
         ok = jnp.all(jnp.isfinite(flat_grad)) & jnp.all(
             jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_optim_state)

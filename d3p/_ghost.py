@@ -1,0 +1,518 @@
+"""Per-record gradient norms without per-record gradients ("ghost norms").
+
+Private helper of :mod:`d3p.gradients`. For a parameter ``W`` whose only uses
+in the loss of one record are dense products ``z = dot_general(a, W)`` (``a``
+any value, possibly depending on other parameters), the record's gradient is
+``dL/dW = sum over uses of aᵀ δ`` with ``δ = dL/dz``. Its squared norm is
+``Σ_{u,v} (a_u·a_v)(δ_u·δ_v)`` over the rows ``u, v`` of all uses (``‖a‖²‖δ‖²``
+for a single row), and the sum over records of the clipped gradients is one
+matrix product ``(c ⊙ A)ᵀ Δ`` over the rows of all records. So only the
+activations ``a`` and output gradients ``δ`` of every record are needed,
+which a batched forward and backward pass produce as fast as the non-private
+gradient; the per-record ``W``-sized gradients are never formed.
+
+How it works: the per-record loss is traced once (``jax.make_jaxpr``) for one
+record; nested ``jit`` calls are inlined, everything else (``custom_jvp``,
+``custom_vjp``, control flow) stays opaque. A liveness pass drops dead code.
+A parameter leaf qualifies if every live use of it, through norm-preserving
+views (reshape, transpose, copy, dtype-preserving converts), is an operand of
+a ``dot_general`` without batch dimensions, all with the same layout. The
+jaxpr is then re-evaluated, vmapped over the records, with a zero
+perturbation added to the output of every such product and the other operand
+recorded; the gradient with respect to the perturbations is ``δ``. All other
+parameter leaves get exact per-record gradients in the same pass.
+
+Whatever the analysis concludes, the per-record norm used for clipping is
+computed from the very ``a`` and ``δ`` (and residual gradients) that are then
+summed, so the sensitivity bound never depends on the analysis being right;
+only the equality with the plain per-record gradient does, and the tests check
+that.
+"""
+
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+
+PyTree = Any
+
+# nested calls whose body is inlined (semantics unchanged)
+_INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "remat2"})
+# ops that only rearrange the elements of one array (norm preserving, bijective)
+_VIEWS = frozenset({"reshape", "transpose", "copy", "copy_p", "squeeze", "expand_dims",
+                    "convert_element_type", "broadcast_in_dim"})
+
+
+class Unsupported(Exception):
+    """The loss cannot be analysed; use another strategy."""
+
+
+class _Lit(NamedTuple):
+    val: Any
+
+
+class _Eqn(NamedTuple):
+    prim: Any
+    params: dict
+    ins: list  # int ids or _Lit
+    outs: list  # int ids
+    ctx: Any
+    effects: Any
+
+
+class Program:
+    """A flat (jit-inlined) version of a closed jaxpr with integer variable ids."""
+
+    def __init__(self, closed):
+        self.consts = {}
+        self.eqns: List[_Eqn] = []
+        self.avals = {}
+        self._next = 0
+        jaxpr = closed.jaxpr
+        self.invars = []
+        for v in jaxpr.invars:
+            self.invars.append(self._new(v.aval))
+        self.outvars = self._inline(jaxpr, closed.consts, self.invars)
+
+    def _new(self, aval):
+        i = self._next
+        self._next += 1
+        self.avals[i] = aval
+        return i
+
+    def _inline(self, jaxpr, consts, ins):
+        env = {}
+        for v, c in zip(jaxpr.constvars, consts):
+            i = self._new(v.aval)
+            self.consts[i] = c
+            env[v] = i
+        for v, a in zip(jaxpr.invars, ins):
+            env[v] = a
+
+        def atom(v):
+            if isinstance(v, jex_core.Literal):
+                return _Lit(v.val)
+            return env[v]
+
+        for eqn in jaxpr.eqns:
+            eins = [atom(v) for v in eqn.invars]
+            sub = _inline_body(eqn)
+            if sub is not None:
+                body, body_consts = sub
+                outs = self._inline(body, body_consts, eins)
+                for v, o in zip(eqn.outvars, outs):
+                    if not isinstance(v, jex_core.DropVar):
+                        env[v] = o
+                continue
+            outs = [self._new(v.aval) for v in eqn.outvars]
+            for v, o in zip(eqn.outvars, outs):
+                if not isinstance(v, jex_core.DropVar):
+                    env[v] = o
+            self.eqns.append(_Eqn(eqn.primitive, dict(eqn.params), eins, outs,
+                                  getattr(eqn, "ctx", None), eqn.effects))
+        return [atom(v) for v in jaxpr.outvars]
+
+    def live_eqns(self, outputs) -> List[int]:
+        """Indices of the equations that the given output atoms depend on."""
+        live = {a for a in outputs if isinstance(a, int)}
+        keep = []
+        for k in range(len(self.eqns) - 1, -1, -1):
+            e = self.eqns[k]
+            if e.effects or any(o in live for o in e.outs):
+                keep.append(k)
+                live.update(a for a in e.ins if isinstance(a, int))
+        return keep[::-1]
+
+
+def _inline_body(eqn):
+    if eqn.primitive.name not in _INLINE:
+        return None
+    for key in ("jaxpr", "call_jaxpr"):
+        body = eqn.params.get(key)
+        if isinstance(body, jex_core.ClosedJaxpr):
+            return body.jaxpr, body.consts
+        if isinstance(body, jex_core.Jaxpr):
+            if body.constvars:
+                return None
+            return body, []
+    return None
+
+
+def _bind(eqn: _Eqn, invals):
+    params = eqn.prim.get_bind_params(eqn.params)
+    if isinstance(params, tuple):  # older JAX: (subfuns, params)
+        subfuns, params = params
+        invals = list(subfuns) + list(invals)
+    manager = getattr(eqn.ctx, "manager", None)
+    if manager is not None:
+        with manager:
+            out = eqn.prim.bind(*invals, **params)
+    else:
+        out = eqn.prim.bind(*invals, **params)
+    return out if eqn.prim.multiple_results else [out]
+
+
+def _is_view(eqn: _Eqn, avals) -> bool:
+    name = eqn.prim.name
+    if name not in _VIEWS or len(eqn.outs) != 1:
+        return False
+    if not eqn.ins or not isinstance(eqn.ins[0], int):
+        return False
+    if any(not isinstance(a, _Lit) for a in eqn.ins[1:]):
+        return False
+    a_in, a_out = avals[eqn.ins[0]], avals[eqn.outs[0]]
+    if getattr(a_in, "dtype", None) != getattr(a_out, "dtype", None):
+        return False
+    if int(np.prod(a_in.shape)) != int(np.prod(a_out.shape)):
+        return False
+    if name == "reshape" and eqn.params.get("dimensions") is not None:
+        return False
+    return len(eqn.ins) == 1
+
+
+def _signature(eqn: _Eqn) -> Tuple:
+    return (eqn.prim.name, tuple(sorted((k, repr(v)) for k, v in eqn.params.items())))
+
+
+class GhostUse(NamedTuple):
+    """One dense product in which a ghost leaf is an operand."""
+
+    eqn: int  # index into Program.eqns
+    side: int  # 0: the leaf is lhs, 1: rhs
+    rows: int  # rows R of the other operand (per record)
+    n_in: int  # contracted size
+    n_out: int  # free size of the leaf side
+    x_perm: Tuple[int, ...]  # transpose of the other operand to (free..., contracted...)
+    d_perm: Optional[Tuple[int, ...]]  # transpose of the output to (rows..., leaf free...)
+    w_perm: Tuple[int, ...]  # W dims in canonical (contracted..., free...) order
+    w_shape: Tuple[int, ...]
+
+
+class Plan(NamedTuple):
+    program: Program
+    live: List[int]
+    n_params: int  # leading invars that are parameter leaves
+    ghost_leaves: Tuple[int, ...]
+    residual_leaves: Tuple[int, ...]
+    uses: Tuple[Tuple[GhostUse, ...], ...]  # per ghost leaf
+    chains: Tuple[Tuple[int, ...], ...]  # per ghost leaf: eqn indices of the view chain
+    ghost_size: int
+    residual_size: int
+    per_record_floats: int  # floats kept per record (a, δ, residual gradient)
+    outer_residual_size: int  # entries of residual leaves with outer-product gradients
+
+
+def _dot_use(eqn: _Eqn, side: int, avals) -> Optional[GhostUse]:
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    if lb or rb:
+        return None
+    lhs, rhs = eqn.ins
+    if not all(isinstance(a, int) for a in (lhs, rhs)):
+        return None
+    ls, rs = tuple(avals[lhs].shape), tuple(avals[rhs].shape)
+    lc, rc = tuple(lc), tuple(rc)
+    lf = tuple(d for d in range(len(ls)) if d not in lc)
+    rf = tuple(d for d in range(len(rs)) if d not in rc)
+    if side == 1:  # W = rhs, X = lhs
+        xs, xc, xf, ws, wc, wf = ls, lc, lf, rs, rc, rf
+        d_perm = None  # output is (X free..., W free...) already
+    else:  # W = lhs, X = rhs
+        xs, xc, xf, ws, wc, wf = rs, rc, rf, ls, lc, lf
+        nwf = len(lf)
+        d_perm = tuple(range(nwf, nwf + len(rf))) + tuple(range(nwf))
+    rows = int(np.prod([xs[d] for d in xf], dtype=np.int64))
+    n_in = int(np.prod([ws[d] for d in wc], dtype=np.int64))
+    n_out = int(np.prod([ws[d] for d in wf], dtype=np.int64))
+    return GhostUse(-1, side, rows, n_in, n_out, xf + xc, d_perm, wc + wf, ws)
+
+
+def analyse(closed, n_params: int, param_sizes: Sequence[int]) -> Plan:
+    """Find the parameter leaves whose per-record norm can be had from (a, δ)."""
+    prog = Program(closed)
+    if len(prog.outvars) != 1:
+        raise Unsupported("the loss must have a single output")
+    live = prog.live_eqns(prog.outvars)
+    avals = prog.avals
+    # view var -> (leaf, chain of eqn indices)
+    view = {prog.invars[i]: (i, ()) for i in range(n_params)}
+    uses = {i: [] for i in range(n_params)}  # leaf -> list of (eqn idx, side, chain) or None (other use)
+    for k in live:
+        e = prog.eqns[k]
+        touched = [(j, a) for j, a in enumerate(e.ins) if isinstance(a, int) and a in view]
+        if not touched:
+            continue
+        if _is_view(e, avals):
+            leaf, chain = view[e.ins[0]]
+            view[e.outs[0]] = (leaf, chain + (k,))
+            continue
+        if e.prim.name == "dot_general":
+            for j, a in touched:
+                leaf, chain = view[a]
+                uses[leaf].append((k, j, chain))
+        else:
+            for _, a in touched:
+                uses[view[a][0]].append(None)
+    for a in prog.outvars:
+        if isinstance(a, int) and a in view:
+            uses[view[a][0]].append(None)
+
+    outer = _outer_product_leaves(prog, live, n_params)
+    ghost, residual, all_uses, chains = [], [], [], []
+    per_record = 0
+    for leaf in range(n_params):
+        us = uses[leaf]
+        aval = avals[prog.invars[leaf]]
+        ok = bool(us) and all(u is not None for u in us) and jnp.issubdtype(aval.dtype, jnp.floating)
+        gus = []
+        if ok:
+            sigs = set()
+            for k, side, chain in us:
+                gu = _dot_use(prog.eqns[k], side, avals)
+                if gu is None:
+                    ok = False
+                    break
+                gus.append(gu._replace(eqn=k))
+                sig = tuple(_signature(prog.eqns[c]) for c in chain) + (
+                    side, repr(prog.eqns[k].params["dimension_numbers"]))
+                sigs.add(sig)
+            ok = ok and len(sigs) == 1
+        if ok:
+            rows = sum(g.rows for g in gus)
+            n_in, n_out = gus[0].n_in, gus[0].n_out
+            # the Gram form costs rows² per record; beyond the leaf's size the
+            # per-record gradient is cheaper
+            ok = rows * rows <= n_in * n_out
+        if ok:
+            ghost.append(leaf)
+            all_uses.append(tuple(gus))
+            chains.append(tuple(us[0][2]))
+            per_record += sum(g.rows * (g.n_in + g.n_out) for g in gus) + rows * rows
+        else:
+            residual.append(leaf)
+            per_record += int(param_sizes[leaf])
+    return Plan(
+        prog, live, n_params, tuple(ghost), tuple(residual), tuple(all_uses), tuple(chains),
+        int(sum(param_sizes[i] for i in ghost)), int(sum(param_sizes[i] for i in residual)),
+        per_record, int(sum(param_sizes[i] for i in residual if i in outer)),
+    )
+
+
+_PRODUCTS = frozenset({"dot_general", "conv_general_dilated"})
+
+
+def _outer_product_leaves(prog: Program, live, n_params: int) -> set:
+    """Parameter leaves that enter a product with per-record data through an
+    operand computed from parameters alone: their per-record gradient is an
+    outer product (slow to batch on CPU)."""
+    pdeps = {prog.invars[i]: 1 << i for i in range(n_params)}
+    rec = {v: True for v in prog.invars[n_params:]}
+    outer = 0
+    for k in live:
+        e = prog.eqns[k]
+        ins = [a for a in e.ins if isinstance(a, int)]
+        d = 0
+        r = False
+        for a in ins:
+            d |= pdeps.get(a, 0)
+            r = r or rec.get(a, False)
+        if e.prim.name in _PRODUCTS and len(e.ins) >= 2:
+            ops = e.ins[:2]
+            for j in (0, 1):
+                a, b = ops[j], ops[1 - j]
+                if isinstance(a, int) and isinstance(b, int):
+                    if pdeps.get(a, 0) and not rec.get(a, False) and rec.get(b, False):
+                        outer |= pdeps[a]
+        for o in e.outs:
+            if d:
+                pdeps[o] = d
+            if r:
+                rec[o] = True
+    return {i for i in range(n_params) if outer >> i & 1}
+
+
+def evaluate(plan: Plan, param_leaves, record_leaves, perturbations=None):
+    """Evaluate the flat program for one record.
+
+    :param perturbations: dict eqn index -> array added to that equation's
+        output; its operands are recorded.
+    :return: ``(loss, recorded)`` with ``recorded`` a dict eqn index ->
+        ``(lhs, rhs)`` values.
+    """
+    prog = plan.program
+    env = dict(prog.consts)
+    inputs = list(param_leaves) + list(record_leaves)
+    if len(inputs) != len(prog.invars):
+        raise Unsupported("argument structure changed since tracing")
+    env.update(zip(prog.invars, inputs))
+    perturbations = perturbations or {}
+    recorded = {}
+
+    def read(a):
+        return a.val if isinstance(a, _Lit) else env[a]
+
+    for k in plan.live:
+        e = prog.eqns[k]
+        vals = [read(a) for a in e.ins]
+        outs = _bind(e, vals)
+        if k in perturbations:
+            recorded[k] = (vals[0], vals[1])
+            outs = [outs[0] + perturbations[k].astype(outs[0].dtype)]
+        for o, v in zip(e.outs, outs):
+            env[o] = v
+    return read(prog.outvars[0]), recorded
+
+
+def canonical_rows(use: GhostUse, x, delta):
+    """(A, Δ) of one use for one record: rows × n_in and rows × n_out."""
+    A = jnp.transpose(x, use.x_perm).reshape(use.rows, use.n_in)
+    if use.d_perm is not None:
+        delta = jnp.transpose(delta, use.d_perm)
+    D = delta.reshape(use.rows, use.n_out)
+    return A, D
+
+
+def to_leaf(plan: Plan, g: int, canonical, leaf_value):
+    """Map a canonical (n_in × n_out) gradient of ghost leaf ``g`` to the leaf's layout."""
+    use = plan.uses[g][0]
+    ws = use.w_shape
+    perm = use.w_perm
+    G = canonical.reshape(tuple(ws[d] for d in perm))
+    G = jnp.transpose(G, np.argsort(perm))
+    chain = plan.chains[g]
+    if not chain:
+        return G.astype(leaf_value.dtype)
+    prog = plan.program
+
+    def apply_chain(w):
+        for k in chain:
+            w = _bind(prog.eqns[k], [w])[0]
+        return w
+
+    _, vjp = jax.vjp(apply_chain, leaf_value)
+    return vjp(G.astype(apply_chain(leaf_value).dtype))[0]
+
+
+def scaled_norm(x, axes):
+    """L2 norm over ``axes`` computed with scaling (no overflow); ``inf`` if not finite."""
+    peak = jnp.max(jnp.abs(x), axis=axes, keepdims=True)
+    ok = jnp.isfinite(peak) & (peak > 0)
+    safe = jnp.where(ok, peak, 1.0)
+    n = jnp.sqrt(jnp.sum(jnp.square(x / safe), axis=axes, keepdims=True)) * safe
+    n = jnp.where(jnp.isfinite(peak), n, jnp.inf)
+    return jnp.squeeze(n, axis=axes)
+
+
+def gram_norm(A, D):
+    """Per-record ``‖AᵀD‖_F`` for A: (B, R, n_in), D: (B, R, n_out), via Gram matrices."""
+    if A.shape[1] == 1:
+        return scaled_norm(A[:, 0], (1,)) * scaled_norm(D[:, 0], (1,))
+    pa = jnp.max(jnp.abs(A), axis=(1, 2))
+    pd = jnp.max(jnp.abs(D), axis=(1, 2))
+    finite = jnp.isfinite(pa) & jnp.isfinite(pd)
+    sa = jnp.where(finite & (pa > 0), pa, 1.0)
+    sd = jnp.where(finite & (pd > 0), pd, 1.0)
+    An = A / sa[:, None, None]
+    Dn = D / sd[:, None, None]
+    ga = jnp.einsum("bri,bsi->brs", An, An)
+    gd = jnp.einsum("bro,bso->brs", Dn, Dn)
+    sq = jnp.maximum(jnp.sum(ga * gd, axis=(1, 2)), 0.0)
+    return jnp.where(finite, jnp.sqrt(sq) * sa * sd, jnp.inf)
+
+
+def trace_plan(loss_fn: Callable, params: PyTree, records: PyTree) -> Tuple[Plan, Any, Any]:
+    """Trace ``loss_fn(params, one record)`` and analyse it.
+
+    :return: ``(plan, params_treedef, records_treedef)``.
+    """
+    p_leaves, p_def = jax.tree.flatten(params)
+    r_leaves, r_def = jax.tree.flatten(records)
+    one = [jax.ShapeDtypeStruct(np.shape(x)[1:], jnp.result_type(x)) for x in r_leaves]
+    p_structs = [jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)) for x in p_leaves]
+
+    def flat_loss(p, r):
+        return loss_fn(jax.tree.unflatten(p_def, p), jax.tree.unflatten(r_def, r))
+
+    try:
+        closed = jax.make_jaxpr(flat_loss)(p_structs, one)
+    except Exception as err:  # noqa: BLE001 - any tracing problem means: no ghost path
+        raise Unsupported(f"could not trace the per-record loss: {err}") from err
+    out = closed.out_avals
+    if len(out) != 1 or tuple(out[0].shape) != ():
+        raise Unsupported("the per-record loss must return a scalar")
+    sizes = [int(np.prod(np.shape(x), dtype=np.int64)) for x in p_leaves]
+    return analyse(closed, len(p_leaves), sizes), p_def, r_def
+
+
+def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clip):
+    """Clipped sum, losses and norms for one chunk of records.
+
+    ``clip(norms) -> factor`` gives the per-record clipping factor (0 for
+    non-finite norms). Records with mask False or a non-finite norm contribute
+    exactly zero (``where``, so their ``nan`` never reaches the sum).
+    """
+    B = mask.shape[0]
+    ghost, residual = plan.ghost_leaves, plan.residual_leaves
+    const_leaves = list(param_leaves)
+    # one perturbation per product (a product of two ghost leaves serves both)
+    dots = sorted({u.eqn for us in plan.uses for u in us})
+    out_aval = {k: plan.program.avals[plan.program.eqns[k].outs[0]] for k in dots}
+
+    def one_record(perts, res_vals, rec):
+        leaves = list(const_leaves)
+        for i, v in zip(residual, res_vals):
+            leaves[i] = v
+        loss, recorded = evaluate(plan, leaves, rec, dict(zip(dots, perts)))
+        return loss, [recorded[k] for k in dots]
+
+    perts = [jnp.zeros((B,) + tuple(out_aval[k].shape), out_aval[k].dtype) for k in dots]
+    res_vals = [param_leaves[i] for i in residual]
+    grad_fn = jax.value_and_grad(one_record, argnums=(0, 1), has_aux=True)
+    (losses, xs), (deltas, res_grads) = jax.vmap(grad_fn, in_axes=(0, None, 0))(
+        perts, res_vals, record_leaves
+    )
+
+    # per-leaf per-record norms
+    leaf_norms = []
+    leaf_rows = []
+    index = {k: j for j, k in enumerate(dots)}
+    for us in plan.uses:
+        As, Ds = [], []
+        for u in us:
+            j = index[u.eqn]
+            other = xs[j][1 - u.side]  # the operand that is not the leaf
+            A, D = jax.vmap(lambda x, d, u=u: canonical_rows(u, x, d))(other, deltas[j])
+            As.append(A)
+            Ds.append(D)
+        A = jnp.concatenate(As, axis=1) if len(As) > 1 else As[0]
+        D = jnp.concatenate(Ds, axis=1) if len(Ds) > 1 else Ds[0]
+        leaf_rows.append((A, D))
+        leaf_norms.append(gram_norm(A, D))
+    for g in res_grads:
+        leaf_norms.append(scaled_norm(g.reshape(B, -1), (1,)) if g.size else jnp.zeros((B,)))
+    if leaf_norms:
+        stacked = jnp.stack(leaf_norms, axis=1)
+        norms = scaled_norm(stacked, (1,))
+    else:
+        norms = jnp.zeros((B,))
+    norms = norms.astype(losses.dtype)
+    factor = clip(norms)
+    keep = mask & jnp.isfinite(norms)
+    factor = jnp.where(keep, factor, 0.0)
+
+    summed = list(param_leaves)
+    for g, leaf in enumerate(ghost):
+        A, D = leaf_rows[g]
+        cA = jnp.where(keep[:, None, None], A * factor[:, None, None].astype(A.dtype), 0.0)
+        D0 = jnp.where(keep[:, None, None], D, 0.0)
+        dtype = jnp.result_type(cA.dtype, D0.dtype)
+        G = jnp.einsum("bri,bro->io", cA.astype(dtype), D0.astype(dtype))
+        summed[leaf] = to_leaf(plan, g, G, param_leaves[leaf])
+    for leaf, grad in zip(residual, res_grads):
+        k = keep.reshape((-1,) + (1,) * (grad.ndim - 1))
+        f = factor.reshape(k.shape).astype(grad.dtype)
+        summed[leaf] = jnp.sum(jnp.where(k, grad * f, 0.0), axis=0).astype(param_leaves[leaf].dtype)
+    losses = jnp.where(mask, losses, 0.0)
+    norms = jnp.where(mask, norms, 0.0)
+    return jax.tree.unflatten(p_def, summed), losses, norms

@@ -1,0 +1,617 @@
+"""Drop-in compatibility of :class:`d3p.svi.DPSVI` with NumPyro's SVI.
+
+What a NumPyro user swaps in must keep working: the ELBOs, optimizers
+(NumPyro, ``jax.example_libraries`` and optax), autoguides, ``numpyro.param``
+sites in model and guide, several observed sites under one plate, and
+``Predictive`` on the fitted parameters. Also: the step is a pure function of
+its state (``jit``, ``lax.scan``, determinism), ``run`` really draws a fresh
+batch per step with the sampler its ε is computed for, the method signatures
+cover SVI's, and the d3p paper's Listing 3 runs.
+
+Input validation and the refusal of unsupported models/optimizers are in
+``test_svi_inputs.py``; the privacy math (clipping, noise, scaling, masks) is
+tested elsewhere.
+
+All updates run under ``jax.jit``: one compilation per model/optimizer
+combination is the dominant cost of this file.
+"""
+
+import functools
+import inspect
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from jax import lax
+from jax.example_libraries import optimizers as jax_optimizers
+from numpyro.distributions import constraints
+from numpyro.infer import SVI, Predictive, Trace_ELBO, TraceMeanField_ELBO
+from numpyro.infer.autoguide import (
+    AutoDelta,
+    AutoDiagonalNormal,
+    AutoLowRankMultivariateNormal,
+    AutoNormal,
+)
+
+import d3p.random
+from d3p import accounting
+from d3p.dputil import approximate_sigma
+from d3p.minibatch import FixedSizeSampler, PoissonSampler, subsample_batchify_data
+from d3p.svi import DPSVI, DPSVIRunResult, DPSVIState
+
+# ---------------------------------------------------------------------------
+# models and data
+
+N = 100
+TRUE_MU = 3.0
+
+
+def normal_model(xs, N):
+    """x_i ~ Normal(mu, 1), mu ~ Normal(0, 10)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1.0), obs=xs)
+
+
+TRUE_MU2 = np.array([3.0, -2.0], np.float32)
+
+
+def normal2_model(xs, N, num_new=None):
+    """Two-dimensional x_i ~ Normal(mu, I) (two latent coordinates, for low-rank guides);
+    ``xs=None`` samples ``num_new`` new records."""
+    mu = numpyro.sample("mu", dist.Normal(jnp.zeros(2), 10.0).to_event(1))
+    with numpyro.plate("data", N, subsample_size=num_new if xs is None else xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1.0).to_event(1), obs=xs)
+
+
+def param_model(xs, N):
+    """A ``numpyro.param`` in the model: the observation scale (point estimate)."""
+    log_sigma = numpyro.param("log_sigma", jnp.zeros(()))
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, jnp.exp(log_sigma)), obs=xs)
+
+
+def param_guide(xs, N):
+    """Hand-written guide with an unconstrained and a positive ``numpyro.param``."""
+    loc = numpyro.param("mu_loc", jnp.zeros(()))
+    scale = numpyro.param("mu_scale", jnp.ones(()), constraint=constraints.positive)
+    numpyro.sample("mu", dist.Normal(loc, scale))
+
+
+def two_column_model(xs, ys, N):
+    """Two observed sites per record under one plate: x_i ~ N(a, 1), y_i ~ N(b, 1)."""
+    a = numpyro.sample("a", dist.Normal(0.0, 10.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(a, 1.0), obs=xs)
+        numpyro.sample("y", dist.Normal(b, 1.0), obs=ys)
+
+
+def _data(seed=0, n=N, sd=1.0):
+    return (TRUE_MU + sd * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
+
+
+def _data2(seed=0, n=N):
+    return (TRUE_MU2 + np.random.default_rng(seed).standard_normal((n, 2))).astype(np.float32)
+
+
+def _all_finite(tree) -> bool:
+    return all(bool(np.all(np.isfinite(np.asarray(x)))) for x in jax.tree.leaves(tree))
+
+
+def _assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def _trees_equal(a, b) -> bool:
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+def _fit(svi, *data, num_steps=200, batch_size=10, seed=0):
+    """A short noisy run; checks what every fit must satisfy and returns the result."""
+    copies = [np.copy(x) for x in data]
+    result = svi.run(d3p.random.PRNGKey(seed), num_steps, *data, batch_size=batch_size, progress_bar=False)
+    for x, copy in zip(data, copies):  # the caller's numpy arrays are never modified
+        np.testing.assert_array_equal(x, copy)
+    assert isinstance(result, DPSVIRunResult)
+    assert _all_finite(result.params), result.params
+    losses = np.asarray(result.losses)
+    assert losses.shape == (num_steps,)
+    assert np.all(np.isfinite(losses))
+    # the (non-private) training loss goes down
+    assert losses[-30:].mean() < losses[:10].mean(), (losses[:10].mean(), losses[-30:].mean())
+    return result
+
+
+# small noise: the fits must land near the posterior mean (posterior std 0.1 here)
+SMALL_NOISE = dict(clipping_threshold=5.0, dp_scale=0.3)
+
+
+def _decay(step_size):
+    """A step size decaying 10-fold over 200 steps (a schedule, as numpyro optimizers accept):
+    large steps first, then small ones that settle near the optimum despite the noise."""
+    return jax_optimizers.exponential_decay(step_size, 200, 0.1)
+
+# ---------------------------------------------------------------------------
+# 1. ELBOs, optimizers, autoguides, params, several observed sites, Predictive
+
+
+def _assert_svi_param_shapes(params, model, guide, xs):
+    """Same parameter names and shapes as numpyro's SVI gives for this model and guide."""
+    plain = SVI(model, guide, numpyro.optim.Adam(0.05), Trace_ELBO(), N=N)
+    plain_params = plain.get_params(plain.init(jax.random.PRNGKey(0), xs[:10]))
+    assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, plain_params)
+
+
+@pytest.mark.parametrize("elbo", [Trace_ELBO, TraceMeanField_ELBO])
+def test_elbos_autonormal_and_predictive(elbo):
+    guide = AutoNormal(normal2_model)
+    svi = DPSVI(normal2_model, guide, numpyro.optim.Adam(_decay(0.1)), elbo(), **SMALL_NOISE, N=N)
+    xs = _data2()
+    params = _fit(svi, xs).params
+    _assert_svi_param_shapes(params, normal2_model, guide, xs)
+    np.testing.assert_allclose(guide.median(params)["mu"], xs.mean(0), atol=0.3)
+
+    # the fitted params work with Predictive exactly as after numpyro SVI: posterior predictive
+    predictive = Predictive(normal2_model, guide=guide, params=params, num_samples=500)
+    new = predictive(jax.random.PRNGKey(1), None, N=N, num_new=7)
+    assert new["x"].shape == (500, 7, 2) and _all_finite(new)
+    np.testing.assert_allclose(new["x"].mean((0, 1)), xs.mean(0), atol=0.3)
+    np.testing.assert_allclose(new["x"].std((0, 1)), 1.0, atol=0.15)  # posterior sd ~0.1 on top of 1
+    # and samples of the latent from the guide alone: Predictive(guide, params=...)
+    posterior = Predictive(guide, params=params, num_samples=500)(jax.random.PRNGKey(2), xs, N=N)
+    assert posterior["mu"].shape == (500, 2) and _all_finite(posterior)
+    np.testing.assert_allclose(posterior["mu"].mean(0), xs.mean(0), atol=0.3)
+
+
+@pytest.mark.parametrize("guide_class", [AutoDiagonalNormal, AutoLowRankMultivariateNormal, AutoDelta])
+def test_autoguides(guide_class):
+    # AutoNormal: in test_elbos_autonormal_and_predictive
+    guide = guide_class(normal2_model)
+    svi = DPSVI(normal2_model, guide, numpyro.optim.Adam(_decay(0.1)), Trace_ELBO(), **SMALL_NOISE, N=N)
+    xs = _data2()
+    params = _fit(svi, xs).params
+    _assert_svi_param_shapes(params, normal2_model, guide, xs)
+    np.testing.assert_allclose(guide.median(params)["mu"], xs.mean(0), atol=0.3)
+
+
+@pytest.mark.parametrize(
+    "make_optim",
+    [
+        pytest.param(lambda: numpyro.optim.SGD(_decay(2e-3)), id="numpyro.SGD"),
+        pytest.param(lambda: numpyro.optim.Momentum(_decay(5e-4), 0.9), id="numpyro.Momentum", marks=pytest.mark.slow),
+        pytest.param(lambda: numpyro.optim.RMSProp(_decay(0.05)), id="numpyro.RMSProp", marks=pytest.mark.slow),
+        pytest.param(lambda: numpyro.optim.ClippedAdam(_decay(0.1)), id="numpyro.ClippedAdam", marks=pytest.mark.slow),
+        pytest.param(lambda: jax_optimizers.adam(_decay(0.1)), id="jax.example_libraries.adam", marks=pytest.mark.slow),
+        pytest.param(lambda: optax.adam(0.05), id="optax.adam"),
+        pytest.param(
+            lambda: optax.chain(optax.clip_by_global_norm(1e3), optax.sgd(2e-3)),
+            id="optax.chain",
+        ),
+    ],
+)
+def test_optimizers(make_optim):
+    guide = AutoDiagonalNormal(normal_model)
+    svi = DPSVI(normal_model, guide, make_optim(), Trace_ELBO(), **SMALL_NOISE, N=N)
+    xs = _data()
+    result = _fit(svi, xs)
+    assert abs(float(guide.median(result.params)["mu"]) - xs.mean()) < 0.3
+
+
+def test_params_in_model_and_guide():
+    xs = _data(sd=2.0)
+    svi = DPSVI(param_model, param_guide, numpyro.optim.Adam(_decay(0.1)), Trace_ELBO(), clipping_threshold=10.0,
+                dp_scale=0.3, N=N)
+    result = _fit(svi, xs, num_steps=400)
+    params = result.params
+    assert set(params) == {"log_sigma", "mu_loc", "mu_scale"}
+    assert abs(float(params["mu_loc"]) - xs.mean()) < 0.4
+    assert abs(float(params["log_sigma"]) - np.log(xs.std())) < 0.2
+    # the constrained guide parameter comes back constrained (as from SVI.get_params)
+    assert float(params["mu_scale"]) > 0
+
+
+def test_several_observed_sites_under_one_plate():
+    xs = _data(seed=1)
+    ys = (-2.0 + np.random.default_rng(2).standard_normal(N)).astype(np.float32)
+    guide = AutoNormal(two_column_model)
+    svi = DPSVI(two_column_model, guide, numpyro.optim.Adam(_decay(0.1)), Trace_ELBO(), **SMALL_NOISE, N=N)
+    result = _fit(svi, xs, ys)
+    median = guide.median(result.params)
+    assert abs(float(median["a"]) - xs.mean()) < 0.3
+    assert abs(float(median["b"]) - ys.mean()) < 0.3
+
+
+# ---------------------------------------------------------------------------
+# 4. purity: jit, determinism, keys, lax.scan
+
+
+@pytest.fixture(scope="module")
+def delta():
+    """A noisy and a noiseless DPSVI with AutoDelta (its ELBO has no Monte Carlo noise, so the
+    privacy noise is the only randomness), an initial state and jitted updates; shared by the
+    tests below so that each compiles once."""
+
+    def make(dp_scale):
+        # SGD: the step is proportional to the noisy gradient (Adam's first step is not)
+        return DPSVI(normal_model, AutoDelta(normal_model), numpyro.optim.SGD(1e-3), Trace_ELBO(),
+                     clipping_threshold=2.0, dp_scale=dp_scale, N=N)
+
+    noisy, noiseless = make(1.0), make(0.0)
+    batch = _data()[:8]
+    state = noisy.init(d3p.random.PRNGKey(0), batch)
+    assert _trees_equal(state, noiseless.init(d3p.random.PRNGKey(0), batch))  # init is deterministic
+    return SimpleNamespace(noisy=noisy, noiseless=noiseless, batch=batch, state=state,
+                           update=jax.jit(noisy.update), update0=jax.jit(noiseless.update))
+
+
+def test_jit_update_equals_update(delta):
+    eager_state, eager_loss = delta.noisy.update(delta.state, delta.batch)
+    jit_state, jit_loss = delta.update(delta.state, delta.batch)
+    assert isinstance(jit_state, DPSVIState)
+    _assert_trees_close(eager_state, jit_state)
+    np.testing.assert_allclose(eager_loss, jit_loss, rtol=1e-5)
+    assert not _trees_equal(delta.noisy.get_params(delta.state), delta.noisy.get_params(jit_state))
+
+
+def test_same_state_same_result_and_keys_change_noise(delta):
+    state, batch, get_params = delta.state, delta.batch, delta.noisy.get_params
+    other_key = state._replace(rng_key=d3p.random.PRNGKey(1))
+    a, b = delta.update(state, batch), delta.update(state, batch)
+    assert _trees_equal(a, b)  # same state in, same state and loss out
+    c = delta.update(other_key, batch)
+    # a different key gives different noise
+    assert not _trees_equal(get_params(a[0]), get_params(c[0]))
+    # the key advances: the next step draws new noise, not the same noise again
+    assert not np.array_equal(a[0].rng_key, state.rng_key)
+    next_step = delta.update(a[0], batch)[0]
+    same_noise_again = delta.update(a[0]._replace(rng_key=state.rng_key), batch)[0]
+    assert not _trees_equal(get_params(next_step), get_params(same_noise_again))
+    # without noise the key does not matter: the differences above are the noise
+    assert _trees_equal(get_params(delta.update0(state, batch)[0]), get_params(delta.update0(other_key, batch)[0]))
+
+
+def test_update_in_lax_scan(delta):
+    svi, batch = delta.noisy, delta.batch
+
+    @jax.jit
+    def scanned(state):
+        return lax.scan(lambda s, _: svi.update(s, batch), state, None, length=5)
+
+    final, losses = scanned(delta.state)
+    loop_state, loop_losses = delta.state, []
+    for _ in range(5):
+        loop_state, loss = delta.update(loop_state, batch)
+        loop_losses.append(loss)
+    _assert_trees_close(final, loop_state)
+    np.testing.assert_allclose(losses, np.stack(loop_losses), rtol=1e-5)
+    assert losses.shape == (5,)
+
+
+def test_evaluate_matches_elbo(delta):
+    value = delta.noisy.evaluate(delta.state, delta.batch)
+    params = delta.noisy.get_params(delta.state)
+    # AutoDelta: the ELBO does not depend on the key
+    expected = Trace_ELBO().loss(jax.random.PRNGKey(0), params, normal_model, AutoDelta(normal_model),
+                                 delta.batch, N=N)
+    assert np.isfinite(value)
+    np.testing.assert_allclose(value, expected, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# 5. run: subsampling, samplers, accounting, result, continuation
+
+N_SMALL, B_SMALL, Q_SMALL = 30, 5, 1 / 6
+MAX_STEPS = 40  # batches are re-derived for up to this many steps (one compilation per sampler)
+
+
+def _sampler(sampling):
+    if sampling == "fixed":
+        return FixedSizeSampler(N_SMALL, B_SMALL)
+    return PoissonSampler(N_SMALL, Q_SMALL)
+
+
+def _run_kwargs(sampling):
+    return dict(batch_size=B_SMALL) if sampling == "fixed" else dict(q=Q_SMALL, sampling="poisson")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _draw_batches(sampler, batch_key):
+    steps = jnp.arange(MAX_STEPS, dtype=jnp.uint32)
+    return jax.vmap(lambda i: sampler.sample(d3p.random.fold_in(batch_key, i)))(steps)
+
+
+def _run_batches(rng_key, num_steps, sampling):
+    """The batches run() draws: ``init_key, batch_key = split(rng_key, 2)`` (as in
+    d3p/svi.py), batch i from ``sampler.sample(fold_in(batch_key, i))``."""
+    assert num_steps <= MAX_STEPS
+    init_key, batch_key = d3p.random.split(rng_key, 2)
+    indices, masks = _draw_batches(_sampler(sampling), batch_key)
+    return init_key, [(indices[i], masks[i]) for i in range(num_steps)]
+
+
+def _reproduce_run(svi, rng_key, num_steps, xs, sampling, stable=False):
+    """Re-derive run()'s batches from its documented key use and apply update to them."""
+    sampler = _sampler(sampling)
+    init_key, batches = _run_batches(rng_key, num_steps, sampling)
+    state = svi.init(init_key, jnp.asarray(xs)[batches[0][0]])
+    update = jax.jit(svi.stable_update if stable else svi.update)
+    losses = []
+    for indices, mask in batches:
+        state, loss = update(state, jnp.asarray(xs)[indices], mask=mask,
+                             expected_batch_size=sampler.expected_batch_size)
+        losses.append(loss)
+    return state, np.stack(losses), batches
+
+
+def _no_privacy_svi():
+    # dp_scale=0 and C=inf: the step is the plain (unclipped, noiseless) per-record sum
+    return DPSVI(normal_model, AutoNormal(normal_model), numpyro.optim.SGD(1e-3), Trace_ELBO(),
+                 clipping_threshold=float("inf"), dp_scale=0.0, N=N_SMALL)
+
+
+@pytest.mark.parametrize("sampling, stable", [("fixed", False), ("poisson", True)])
+def test_run_step_is_update_on_the_sampled_batch(sampling, stable):
+    """dp_scale=0, C=inf: run's step i equals update on exactly the records that
+    ``sampler.sample(fold_in(batch_key, i))`` picks (and stable_update when asked), and
+    records outside those batches have no effect: run sees them changed arbitrarily, the
+    reproduction never sees them."""
+    svi = _no_privacy_svi()
+    xs = _data(n=N_SMALL)
+    key, T = d3p.random.PRNGKey(11), 3
+    state, losses, batches = _reproduce_run(svi, key, T, xs, sampling, stable)
+    used = set(np.concatenate([np.asarray(i)[np.asarray(m)] for i, m in batches]).tolist())
+    outside = [j for j in range(N_SMALL) if j not in used]
+    assert len(outside) >= 10
+    changed = xs.copy()
+    changed[outside] = 1e6  # every record outside the real batches (also in padded slots)
+    original = changed.copy()
+    result = svi.run(key, T, changed, progress_bar=False, stable_update=stable, **_run_kwargs(sampling))
+    np.testing.assert_array_equal(changed, original)  # the caller's data is not modified
+    _assert_trees_close(result.params, svi.get_params(state))
+    np.testing.assert_allclose(result.losses, losses, rtol=1e-5)
+    assert not any(np.array_equal(batches[0][0], b[0]) for b in batches[1:])  # fresh batch per step
+    if sampling == "poisson":
+        assert all(m.shape == (_sampler("poisson").max_batch_size,) for _, m in batches)
+
+
+@pytest.mark.slow  # in the default run: test_run_step_is_update_on_the_sampled_batch
+@pytest.mark.parametrize("sampling", ["fixed", "poisson"])
+def test_run_ignores_records_outside_the_batch(sampling):
+    """The one-step form: changing every record outside batch 0 leaves a 1-step run unchanged."""
+    svi = _no_privacy_svi()
+    xs = _data(n=N_SMALL)
+    key = d3p.random.PRNGKey(5)
+    _, [(indices, mask)] = _run_batches(key, 1, sampling)
+    in_batch = set(np.asarray(indices)[np.asarray(mask)].tolist())
+    assert 0 < len(in_batch) < N_SMALL
+    outside = np.array([j for j in range(N_SMALL) if j not in in_batch])
+
+    def one_step(data):
+        return svi.run(key, 1, data, progress_bar=False, **_run_kwargs(sampling))
+
+    base = one_step(xs)
+    changed = xs.copy()
+    changed[outside] = 1e6  # every record outside the real batch (including padded slots)
+    assert _trees_equal(base.params, one_step(changed).params)
+    # (that the step does depend on the records in the batch: test_run_step_is_update_on_the_sampled_batch)
+
+
+@pytest.mark.parametrize("sampling", ["fixed", pytest.param("poisson", marks=pytest.mark.slow)])
+def test_run_subsamples_outlier_visible_only_in_its_batches(sampling):
+    """A record with a huge value makes the loss huge exactly at the steps whose
+    batch (re-derived from run's key use) contains it."""
+    T, outlier = 40, 7
+    xs = _data(n=N_SMALL)
+    xs[outlier] = 1e3
+    svi = DPSVI(normal_model, AutoNormal(normal_model), numpyro.optim.SGD(1e-3), Trace_ELBO(),
+                clipping_threshold=1.0, dp_scale=0.0, N=N_SMALL)
+    key = d3p.random.PRNGKey(2)
+    result = svi.run(key, T, xs, progress_bar=False, **_run_kwargs(sampling))
+    _, batches = _run_batches(key, T, sampling)
+    contains = np.array([outlier in np.asarray(indices)[np.asarray(mask)] for indices, mask in batches])
+    assert 0 < contains.sum() < T  # the outlier is in some batches, not all
+    np.testing.assert_array_equal(np.asarray(result.losses) > 1e5, contains)
+
+
+@pytest.mark.parametrize(
+    "sampling, relation, compare_bar",
+    [
+        ("fixed", "substitute", True),
+        ("poisson", "add_remove", False),
+        pytest.param("poisson", "add_remove", True, marks=pytest.mark.slow),
+    ],
+)
+def test_run_result_progress_bar_epsilon_and_continuation(sampling, relation, compare_bar):
+    svi = DPSVI(normal_model, AutoNormal(normal_model), numpyro.optim.Adam(0.05), Trace_ELBO(),
+                clipping_threshold=2.0, dp_scale=1.0, N=N_SMALL)
+    xs = _data(n=N_SMALL)
+    key, T = d3p.random.PRNGKey(4), 20
+    without = svi.run(key, T, xs, progress_bar=False, **_run_kwargs(sampling))
+    results = [without]
+    if compare_bar:  # the tqdm loop and the lax.scan give the same run
+        with_bar = svi.run(key, T, xs, progress_bar=True, **_run_kwargs(sampling))
+        _assert_trees_close(with_bar.params, without.params)
+        np.testing.assert_allclose(with_bar.losses, without.losses, rtol=1e-5)
+        results.append(with_bar)
+
+    params, state, losses = without  # unpacks like numpyro's SVIRunResult
+    assert isinstance(state, DPSVIState) and losses.shape == (T,)
+    assert _trees_equal(params, svi.get_params(state))
+    sampler = _sampler(sampling)
+    for result in results:
+        assert result.relation == relation
+        assert result.q == pytest.approx(sampler.q)
+        assert result.sigma == 1.0 and result.num_steps == T
+        assert result.delta == pytest.approx(1 / N_SMALL**2)
+        assert np.isfinite(result.epsilon) and result.epsilon > 0
+        expected = accounting.compute_epsilon(1.0, sampler.q, T, 1 / N_SMALL**2, relation=relation)
+        assert result.epsilon == pytest.approx(expected, rel=1e-9)
+    # the other relation gives another ε: the relation really is the sampler's
+    other = "add_remove" if relation == "substitute" else "substitute"
+    assert accounting.compute_epsilon(1.0, sampler.q, T, 1 / N_SMALL**2, relation=other) != pytest.approx(
+        without.epsilon, rel=1e-3
+    )
+
+    if not compare_bar:
+        # continue from the final state: the optimizer's step count (numpyro: (i, state))
+        # carries on, and the reported ε is that of the new steps only (as documented)
+        more = svi.run(d3p.random.PRNGKey(5), 7, xs, init_state=without.state, progress_bar=False,
+                       **_run_kwargs(sampling))
+        assert int(without.state.optim_state[0]) == T and int(more.state.optim_state[0]) == T + 7
+        assert _all_finite(more.params) and not _trees_equal(more.params, without.params)
+        assert more.epsilon == pytest.approx(
+            accounting.compute_epsilon(1.0, sampler.q, 7, 1 / N_SMALL**2, relation=relation), rel=1e-9
+        )
+
+
+def test_stable_update_keeps_params_on_nonfinite_step():
+    svi = DPSVI(normal_model, AutoNormal(normal_model), numpyro.optim.SGD(float("nan")), Trace_ELBO(),
+                clipping_threshold=2.0, dp_scale=1.0, N=N)
+    batch = _data()[:8]
+    state = svi.init(d3p.random.PRNGKey(0), batch)
+    stable_state, loss = jax.jit(svi.stable_update)(state, batch)
+    assert _trees_equal(svi.get_params(stable_state), svi.get_params(state))
+    assert np.isnan(loss)
+    assert not np.array_equal(stable_state.rng_key, state.rng_key)
+    # power: the optimizer step itself does go non-finite
+    ones = jax.tree.map(jnp.ones_like, svi.get_params(state))
+    assert not _all_finite(svi.optim.get_params(svi.optim.update(ones, state.optim_state)))
+
+
+# ---------------------------------------------------------------------------
+# 6. signature parity with numpyro.infer.SVI (fails when numpyro adds a parameter)
+
+
+def _named_params(fn):
+    return {
+        name: p
+        for name, p in inspect.signature(fn).parameters.items()
+        if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+
+
+def _kinds(fn):
+    return {p.kind for p in inspect.signature(fn).parameters.values()}
+
+
+@pytest.mark.parametrize("method", ["run", "update", "init", "stable_update", "evaluate"])
+def test_method_accepts_every_svi_parameter(method):
+    svi_method, dp_method = getattr(SVI, method), getattr(DPSVI, method)
+    svi_params, dp_params = _named_params(svi_method), _named_params(dp_method)
+    for name, p in svi_params.items():
+        assert name in dp_params, f"DPSVI.{method} lacks SVI's parameter {name!r}"
+        q = dp_params[name]
+        assert q.kind != q.POSITIONAL_ONLY
+        if p.default is not p.empty:
+            assert q.default == p.default, f"DPSVI.{method}({name}=...) default differs from SVI's"
+    # SVI's positional parameters come first, in the same order
+    svi_positional = [n for n, p in svi_params.items() if p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert list(dp_params)[: len(svi_positional)] == svi_positional
+    # *args (the batch) and **kwargs (model/guide keyword data) as in SVI
+    for kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        if kind in _kinds(svi_method):
+            assert kind in _kinds(dp_method)
+
+
+def test_constructor_accepts_svi_arguments():
+    svi_params = list(_named_params(SVI.__init__))
+    assert svi_params == ["model", "guide", "optim", "loss"]  # numpyro's; update this test if it changes
+    dp_params = list(_named_params(DPSVI.__init__))
+    # d3p 0.2 contract: (model, guide, optim, per_example_loss, clipping_threshold, dp_scale, rng_suite,
+    # clip_unscaled_observations, **static_kwargs); SVI's `loss` is `per_example_loss`, in its place
+    assert dp_params[:8] == ["model", "guide", "optim", "per_example_loss", "clipping_threshold",
+                             "dp_scale", "rng_suite", "clip_unscaled_observations"]
+    assert inspect.Parameter.VAR_KEYWORD in _kinds(DPSVI.__init__)
+    assert inspect.signature(DPSVI.__init__).parameters["rng_suite"].default is d3p.random
+
+    optim, loss = numpyro.optim.Adam(0.1), Trace_ELBO()
+    guide = AutoNormal(normal_model)
+    svi = DPSVI(normal_model, guide, optim, loss, 2.0, 1.0, N=N)  # all positional as in SVI
+    assert svi.model is normal_model and svi.guide is guide and svi.optim is optim
+    assert svi.loss is loss and svi.per_example_loss is loss
+    assert svi.static_kwargs == {"N": N}
+    assert svi.clipping_threshold == 2.0 and svi.dp_scale == 1.0
+
+
+# ---------------------------------------------------------------------------
+# 9. the d3p paper's Listings 2 and 3
+
+
+def paper_model(xs, ys, N):
+    """Listing 2 (model), with ``batch_size`` taken from the batch."""
+    batch_size, d = jnp.shape(xs)
+    # the prior for w
+    w = numpyro.sample("w", dist.Normal(0, 4), sample_shape=(d,))
+    # distribution of label y for each record x
+    with numpyro.plate("batch", N, batch_size):
+        theta = jax.nn.sigmoid(xs.dot(w))
+        numpyro.sample("ys", dist.Bernoulli(theta), obs=ys)
+
+
+def paper_guide(xs, ys, N):
+    """Listing 2 (guide)."""
+    d = jnp.shape(xs)[1]
+    # variational parameters
+    w_loc = numpyro.param("w_loc", jnp.zeros((d,)))
+    w_scale = jnp.exp(numpyro.param("w_scale_log", jnp.zeros((d,))))
+    # variational distribution for w
+    numpyro.sample("w", dist.Normal(w_loc, w_scale))
+
+
+def paper_infer(data, labels, batch_size, num_iter, epsilon, delta, rng_key):
+    """Listing 3, verbatim except where marked (the paper imports Adam, Trace_ELBO, DPSVI,
+    approximate_sigma and subsample_batchify_data by name)."""
+    # set up minibatch sampling
+    batchifier_init, get_batch = subsample_batchify_data((data, labels), batch_size)
+    _, batchifier_state = batchifier_init(rng_key)
+
+    # set up DP-VI algorithm
+    q = batch_size / len(data)
+    dp_scale, _, _ = approximate_sigma(epsilon, delta, q, num_iter)
+    loss = Trace_ELBO()
+    optimiser = numpyro.optim.Adam(1e-3)
+    # CHANGED: the paper's `DPSVI(model, guide, optimiser, loss, dp_scale, len(data))` omits the
+    # clipping threshold, which comes before dp_scale in DPSVI's (and d3p 0.2's) signature; as
+    # printed it would use dp_scale as C and len(data) as the noise multiplier. Keyword form:
+    dpsvi = DPSVI(paper_model, paper_guide, optimiser, loss, clipping_threshold=2.0, dp_scale=dp_scale,
+                  N=len(data))
+    # CHANGED: jit, so that the loop takes milliseconds per step instead of a second
+    get_batch, update = jax.jit(get_batch), jax.jit(dpsvi.update)
+    svi_state = dpsvi.init(rng_key, *get_batch(0, batchifier_state))
+
+    # run inference
+    for i in range(num_iter):
+        data_batch, label_batch = get_batch(i, batchifier_state)
+        svi_state, loss = update(svi_state, data_batch, label_batch)
+    return dpsvi.get_params(svi_state)
+
+
+def test_paper_listing_runs():
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    perm = np.random.default_rng(0).permutation(len(y))
+    train, test = perm[:455], perm[455:]
+    mean, std = X[train].mean(0), X[train].std(0)
+    X = ((X - mean) / std).astype(np.float32)
+    y = y.astype(np.float32)
+
+    params = paper_infer(X[train], y[train], batch_size=32, num_iter=200, epsilon=2.0, delta=1e-5,
+                         rng_key=d3p.random.PRNGKey(0))
+    assert set(params) == {"w_loc", "w_scale_log"}
+    assert _all_finite(params)
+    predicted = (X[test] @ np.asarray(params["w_loc"])) > 0
+    accuracy = np.mean(predicted == (y[test] > 0.5))
+    chance = max(y[test].mean(), 1 - y[test].mean())
+    assert accuracy > 0.9 > chance + 0.2, (accuracy, chance)

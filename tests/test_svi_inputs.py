@@ -1,0 +1,334 @@
+"""Input validation of :class:`d3p.svi.DPSVI`: what it refuses, and how it says so.
+
+- models DP-VI cannot make private (no subsampling plate over the records,
+  mutable state, no observed site) are refused at ``init`` with a ValueError
+  that says why;
+- optimizers that use the (non-private) loss value are refused;
+- bad arguments raise ValueError/TypeError naming the argument;
+- the caller's data is never modified.
+
+Compatibility with NumPyro's SVI is in ``test_svi_compat.py``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from jax.example_libraries import optimizers as jax_optimizers
+from numpyro.infer import Trace_ELBO
+from numpyro.infer.autoguide import AutoDelta, AutoNormal
+from numpyro.primitives import mutable
+
+import d3p.random
+from d3p.svi import DPSVI
+
+N = 50
+
+
+def normal_model(xs, N):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1.0), obs=xs)
+
+
+def two_column_model(xs, ys, N):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1.0), obs=xs)
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=ys)
+
+
+def _svi(model=normal_model, guide=None, optim=None, **kwargs):
+    settings = dict(clipping_threshold=1.0, dp_scale=1.0, N=N)
+    settings.update(kwargs)
+    return DPSVI(model, guide or AutoDelta(model), optim or numpyro.optim.Adam(0.1), Trace_ELBO(), **settings)
+
+
+def _xs(n=N, seed=0):
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def svi():
+    return _svi()
+
+
+@pytest.fixture(scope="module")
+def state(svi):
+    return svi.init(d3p.random.PRNGKey(0), _xs()[:5])
+
+
+# ---------------------------------------------------------------------------
+# 2. models DP-VI cannot make private: refused at init, saying why
+
+
+def no_plate_model(xs, N):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    numpyro.sample("x", dist.Normal(mu, 1.0).expand(xs.shape).to_event(1), obs=xs)
+
+
+def unsubsampled_plate_model(xs, N):
+    # a plate over the batch only: its likelihood is not scaled to the N records
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1.0), obs=xs)
+
+
+def mutable_model(xs, N):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    count = mutable("count", {"n": jnp.zeros(())})
+    count["n"] = count["n"] + xs.shape[0]
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1.0), obs=xs)
+
+
+def no_observation_model(xs, N):
+    numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("z", dist.Normal(0.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    "model, pattern",
+    [
+        # why: the likelihood must be scaled N / batch size, the plate is how DPSVI knows N
+        (no_plate_model, r"(?s)\['x'\].*not under a subsampling plate.*subsample_size"),
+        (unsubsampled_plate_model, r"(?s)\['x'\].*not under a subsampling plate.*subsample_size"),
+        # why: mutable state is updated from the un-noised data
+        (mutable_model, r"(?s)mutable.*'count'.*un-noised data"),
+        # why: the data must enter through observed sites
+        (no_observation_model, r"(?s)no observed sample sites.*plate over the records"),
+    ],
+)
+def test_unsupported_model_refused_at_init(model, pattern):
+    svi = _svi(model, guide=AutoNormal(model))
+    with pytest.raises(ValueError, match=pattern):
+        svi.init(d3p.random.PRNGKey(0), _xs()[:5])
+
+
+def test_factor_under_plate_is_accepted():
+    """numpyro.factor under the plate is an observed site: a valid way to add the likelihood."""
+
+    def factor_model(xs, N):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+            numpyro.factor("loglik", -0.5 * (xs - mu) ** 2)
+
+    state = _svi(factor_model).init(d3p.random.PRNGKey(0), _xs()[:5])
+    assert state.mutable_state is None
+
+
+# ---------------------------------------------------------------------------
+# 3. optimizers that use the (non-private) loss value
+
+
+@pytest.mark.parametrize(
+    "make_optim",
+    [
+        pytest.param(lambda: numpyro.optim.Minimize(), id="numpyro.Minimize"),
+        pytest.param(
+            lambda: numpyro.optim._NumPyroOptim(jax_optimizers.adam, 0.1, update_with_value=True),
+            id="update_with_value",
+        ),
+        pytest.param(
+            lambda: numpyro.optim.optax_to_numpyro(optax.contrib.reduce_on_plateau()),
+            id="optax_to_numpyro(reduce_on_plateau)",
+        ),
+    ],
+)
+def test_optimizer_using_the_loss_value_refused(make_optim):
+    with pytest.raises(ValueError, match=r"(?s)optim=.*loss.*not private"):
+        svi = _svi(optim=make_optim())
+        # refusing it at init would also do; it must never get to a step
+        svi.init(d3p.random.PRNGKey(0), _xs()[:5])
+
+
+# ---------------------------------------------------------------------------
+# 7. bad arguments: ValueError / TypeError naming the argument
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(clipping_threshold=0.0), r"clipping_threshold.*0\.0"),
+        (dict(clipping_threshold=-1.0), r"clipping_threshold.*-1\.0"),
+        (dict(clipping_threshold=float("nan")), r"clipping_threshold.*nan"),
+        (dict(clipping_threshold=float("inf"), dp_scale=1.0), r"clipping_threshold.*inf"),
+        (dict(dp_scale=-0.5), r"dp_scale.*-0\.5"),
+        (dict(dp_scale=float("nan")), r"dp_scale.*nan"),
+        (dict(dp_scale=float("inf")), r"dp_scale.*inf"),
+    ],
+)
+def test_bad_privacy_settings(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        _svi(**kwargs)
+
+
+def test_infinite_threshold_only_without_noise():
+    svi = _svi(clipping_threshold=float("inf"), dp_scale=0.0)
+    assert svi.clipping_threshold == float("inf") and svi.dp_scale == 0.0
+    with pytest.raises(TypeError, match="clipping_threshold"):
+        _svi(clipping_threshold="1.0")
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(num_steps=0), r"num_steps.*0"),
+        (dict(num_steps=-3), r"num_steps.*-3"),
+        (dict(num_steps=2.5), r"num_steps.*2\.5"),
+        (dict(num_steps="10"), r"num_steps.*'10'"),
+        (dict(batch_size=N + 1), rf"batch_size.*{N + 1}"),
+        (dict(batch_size=0), r"batch_size.*0"),
+        (dict(batch_size=-1), r"batch_size.*-1"),
+        (dict(batch_size=None, q=0.0), r"q.*0\.0"),
+        (dict(batch_size=None, q=-0.1), r"q.*-0\.1"),
+        (dict(batch_size=None, q=1.5), r"q.*1\.5"),
+        (dict(batch_size=None, q=float("nan")), r"q.*nan"),
+        (dict(batch_size=None, sampling="poisson", q=0.0), r"q.*0\.0"),
+        (dict(batch_size=None, sampling="poisson", q=1.5), r"q.*1\.5"),
+        (dict(batch_size=None), r"batch_size.*q"),  # neither
+        (dict(batch_size=5, q=0.1), r"batch_size.*q"),  # both
+        (dict(batch_size=5, sampling="poisson"), r"q.*batch_size"),
+        (dict(sampling="fixed_size"), r"sampling.*'fixed_size'"),
+        (dict(sampling="Poisson"), r"sampling.*'Poisson'"),
+        (dict(batch_size=None, sampling="poisson", q=0.1, max_batch_size=0), r"max_batch_size.*0"),
+        (dict(max_batch_size=10), r"max_batch_size"),  # only for Poisson sampling
+        (dict(target_delta=0.0), r"delta.*0\.0"),
+        (dict(target_delta=1.5), r"delta.*1\.5"),
+        (dict(accountant="moments"), r"accountant.*'moments'"),
+    ],
+)
+def test_bad_run_arguments(svi, kwargs, pattern):
+    settings = dict(num_steps=2, batch_size=5, progress_bar=False)
+    settings.update(kwargs)
+    if settings["batch_size"] is None:
+        del settings["batch_size"]
+    num_steps = settings.pop("num_steps")
+    with pytest.raises(ValueError, match=pattern):
+        svi.run(d3p.random.PRNGKey(0), num_steps, _xs(), **settings)
+
+
+def test_mismatched_data_lengths_in_run():
+    svi = _svi(two_column_model)
+    with pytest.raises(ValueError, match=r"(?s)args\[1\].*leading dimension 49.*args\[0\].*50"):
+        svi.run(d3p.random.PRNGKey(0), 2, _xs(), _xs()[:-1], batch_size=5, progress_bar=False)
+
+
+def test_mismatched_data_lengths_in_update():
+    svi = _svi(two_column_model)
+    state = svi.init(d3p.random.PRNGKey(0), _xs()[:5], _xs()[:5])
+    with pytest.raises(ValueError, match=r"(?s)args\[1\].*leading dimension 4.*args\[0\].*5"):
+        svi.update(state, _xs()[:5], _xs()[:4])
+    with pytest.raises(ValueError, match=r"(?s)'ys'.*leading dimension 4"):
+        svi.update(state, _xs()[:5], ys=_xs()[:4])
+
+
+def test_mismatched_data_lengths_in_init():
+    svi = _svi(two_column_model)
+    with pytest.raises(ValueError, match=r"args\[1\]"):
+        svi.init(d3p.random.PRNGKey(0), _xs()[:5], _xs()[:4])
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        np.ones(4, bool),  # too short
+        np.ones(6, bool),  # too long
+        np.ones((5, 1), bool),  # not one-dimensional
+        np.ones(5, np.int32),  # 1/0 instead of True/False
+        np.ones(5, np.float32),
+    ],
+    ids=["short", "long", "2d", "int", "float"],
+)
+def test_bad_mask(svi, state, mask):
+    with pytest.raises(ValueError, match=r"(?s)mask.*boolean.*\(5,\)"):
+        svi.update(state, _xs()[:5], mask=mask)
+
+
+@pytest.mark.parametrize("value", [0.0, -5.0, float("nan")])
+def test_bad_expected_batch_size(svi, state, value):
+    with pytest.raises(ValueError, match="expected_batch_size"):
+        svi.update(state, _xs()[:5], expected_batch_size=value)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [jax.random.PRNGKey(0), jax.random.key(0), 0, np.zeros(8, np.int32)],
+    ids=["jax.random.PRNGKey", "jax.random.key", "int", "int32[8]"],
+)
+def test_jax_key_instead_of_d3p_key(svi, state, key):
+    with pytest.raises(TypeError, match=r"d3p\.random"):
+        svi.init(key, _xs()[:5])
+    with pytest.raises(TypeError, match=r"d3p\.random"):
+        svi.run(key, 2, _xs(), batch_size=5, progress_bar=False)
+    with pytest.raises(TypeError, match=r"d3p\.random"):
+        svi.update(state._replace(rng_key=key), _xs()[:5])
+
+
+def test_state_must_be_a_dpsvi_state(svi, state):
+    with pytest.raises(TypeError, match=r"svi_state.*DPSVIState"):
+        svi.update(tuple(state), _xs()[:5])
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(), r"num_epochs.*num_iter"),  # neither
+        (dict(num_epochs=1, num_iter=10), r"num_epochs.*num_iter"),  # both
+        (dict(num_iter=0), r"num_iter.*0"),
+        (dict(num_iter=2.5), r"num_iter.*2\.5"),
+        (dict(num_epochs=0), r"num_epochs.*0"),
+        (dict(num_epochs=1, q=0.0), r"q.*0\.0"),
+        (dict(num_iter=10, q=1.5), r"q.*1\.5"),
+        (dict(num_iter=10, relation="swap"), r"relation.*'swap'"),
+    ],
+)
+@pytest.mark.parametrize("method", ["get_epsilon", "get_delta"])
+def test_bad_accounting_arguments(svi, method, kwargs, pattern):
+    settings = dict(q=0.1)
+    settings.update(kwargs)
+    first = 1e-5 if method == "get_epsilon" else 1.0
+    with pytest.raises(ValueError, match=pattern):
+        getattr(svi, method)(first, **settings)
+
+
+def test_accounting_target_checked(svi):
+    with pytest.raises(ValueError, match=r"delta.*0\.0"):
+        svi.get_epsilon(0.0, 0.1, num_iter=10)
+    with pytest.raises(ValueError, match=r"epsilon.*-1\.0"):
+        svi.get_delta(-1.0, 0.1, num_iter=10)
+
+
+def test_get_epsilon_accepts_epochs_or_iterations(svi):
+    by_epochs = svi.get_epsilon(1e-5, 0.1, num_epochs=2)
+    by_iter = svi.get_epsilon(1e-5, 0.1, num_iter=20)
+    assert np.isfinite(by_iter) and by_iter > 0
+    assert by_epochs == pytest.approx(by_iter)
+    assert svi.get_delta(by_iter, 0.1, num_iter=20) == pytest.approx(1e-5, rel=0.05)
+
+
+# ---------------------------------------------------------------------------
+# 8. the caller's data is never modified
+
+
+def test_input_data_not_modified_by_init_update_evaluate():
+    svi = _svi(two_column_model, clipping_threshold=0.5, dp_scale=2.0)
+    xs = _xs(seed=1)
+    ys = np.random.default_rng(2).standard_normal(N)  # float64: converted, never written back
+    mask = np.array([True, False, True, True, False])
+    originals = [a.copy() for a in (xs, ys, mask)]
+    flags = [a.flags.writeable for a in (xs, ys, mask)]
+
+    state = svi.init(d3p.random.PRNGKey(0), xs[:5], ys[:5])
+    batch_x, batch_y = xs[:5], ys[:5]  # views into the caller's arrays
+    state, _ = jax.jit(svi.update)(state, batch_x, batch_y, mask=mask)
+    svi.evaluate(state, batch_x, batch_y)
+    # run() with numpy data: checked after every fit in test_svi_compat.py (_fit)
+
+    for array, original, flag in zip((xs, ys, mask), originals, flags):
+        np.testing.assert_array_equal(array, original)
+        assert array.dtype == original.dtype and array.flags.writeable == flag
