@@ -1,0 +1,54 @@
+"""Synthetic data twins: fit a generative model with DP-VI, then sample.
+
+A *twin* of a private table is a generative model fitted with differentially
+private variational inference (:class:`d3p.svi.DPSVI`) at a target (ε, δ);
+synthetic tables sampled from it are post-processing and carry the same
+guarantee. See ``docs/twin.md``.
+
+>>> import pandas as pd, d3p.twin, d3p.random   # doctest: +SKIP
+>>> twin = d3p.twin.fit(frame, epsilon=1.0, rng_key=d3p.random.PRNGKey())  # doctest: +SKIP
+>>> synthetic = twin.generate(1000, rng_key=0)  # doctest: +SKIP
+"""
+
+from d3p.twin.inference import TwinResult, default_num_steps, default_q, fit, load
+from d3p.twin.metrics import (
+    CorrelationDifference,
+    correlation_difference,
+    marginal_tv_distances,
+    train_on_synthetic_accuracy,
+    uniform_baseline,
+    utility_metrics,
+)
+from d3p.twin.report import write_report
+from d3p.twin.model import MixtureGuide, MixtureModel, MixtureOfProducts, default_num_components
+from d3p.twin.schema import (
+    ColumnSpec,
+    Schema,
+    SchemaInferenceWarning,
+    TwinInputError,
+    infer_schema,
+)
+
+__all__ = [
+    "fit",
+    "load",
+    "TwinResult",
+    "Schema",
+    "ColumnSpec",
+    "infer_schema",
+    "SchemaInferenceWarning",
+    "TwinInputError",
+    "MixtureModel",
+    "MixtureGuide",
+    "write_report",
+    "MixtureOfProducts",
+    "default_num_components",
+    "default_num_steps",
+    "default_q",
+    "marginal_tv_distances",
+    "correlation_difference",
+    "CorrelationDifference",
+    "train_on_synthetic_accuracy",
+    "uniform_baseline",
+    "utility_metrics",
+]

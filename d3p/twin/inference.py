@@ -1,0 +1,536 @@
+"""Fit a twin with DP-VI at a target (ε, δ), generate synthetic data, save and load.
+
+:func:`fit` is the entry point; it returns a :class:`TwinResult`, which can
+:meth:`~TwinResult.generate` synthetic tables and :meth:`~TwinResult.save`
+itself (parameters, model description, schema and privacy level; never the
+data). :func:`load` reads a saved twin back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Callable, Dict, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import pandas as pd
+from numpyro import handlers
+from numpyro.infer import Predictive, Trace_ELBO
+from numpyro.infer.autoguide import AutoDiagonalNormal, AutoGuide
+
+import d3p.random
+from d3p import dputil, minibatch
+from d3p.svi import DPSVI
+from d3p.twin._io import atomic_directory
+from d3p.twin.model import MixtureGuide, MixtureModel, guide_sample_numpy, mixture_sample_numpy
+from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, TwinInputError, infer_schema
+from d3p.version import VERSION
+
+__all__ = ["fit", "TwinResult", "load", "default_num_steps", "default_q", "FORMAT"]
+
+#: Name of the saved-twin format (``twin.json`` field ``format``).
+FORMAT = "d3p-twin"
+_FORMAT_VERSION = 1
+#: Default clipping threshold C of the per-record gradients.
+DEFAULT_CLIPPING_THRESHOLD = 1.0
+#: Default Adam learning rate.
+DEFAULT_LEARNING_RATE = 0.05
+
+
+def default_q(num_records: int) -> float:
+    """Default sampling probability: an expected batch of 200 records,
+    ``min(0.5, max(0.01, 200 / N))``."""
+    return float(min(0.5, max(0.01, 200.0 / num_records)))
+
+
+def default_num_steps(num_records: int, q: float) -> int:
+    """Default number of steps: 50 epochs (``50 / q``), between 200 and 2000."""
+    return int(min(2000, max(200, round(50.0 / q))))
+
+
+def _check_epsilon(epsilon) -> float:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
+        raise TypeError(f"Expected epsilon to be a number, got epsilon={epsilon!r}.")
+    e = float(epsilon)
+    if math.isnan(e) or e <= 0:
+        raise ValueError(f"Expected epsilon > 0 (or inf for no privacy), got epsilon={epsilon!r}.")
+    return e
+
+
+def _as_d3p_key(rng_key):
+    if rng_key is None:
+        raise ValueError(
+            "Expected an explicit rng_key (the privacy noise is drawn from it): pass "
+            "d3p.random.PRNGKey() for fresh OS entropy or d3p.random.PRNGKey(seed)."
+        )
+    if isinstance(rng_key, (int, np.integer)) and not isinstance(rng_key, bool):
+        return d3p.random.PRNGKey(int(rng_key))
+    arr = jnp.asarray(rng_key)
+    if arr.shape != (8,) or arr.dtype != jnp.uint32:
+        raise ValueError(
+            "Expected rng_key to be a d3p.random key (uint32[8], from d3p.random.PRNGKey) or an "
+            f"integer seed, got an array of shape {arr.shape} and dtype {arr.dtype}."
+        )
+    return arr
+
+
+def _as_jax_key(rng_key):
+    """A JAX key for generation from an int, a JAX key or a d3p.random key."""
+    if isinstance(rng_key, (int, np.integer)) and not isinstance(rng_key, bool):
+        return jax.random.PRNGKey(int(rng_key))
+    if rng_key is None:
+        raise ValueError("Expected rng_key (an int seed, a JAX key or a d3p.random key), got None.")
+    if isinstance(rng_key, jax.Array) and jax.dtypes.issubdtype(rng_key.dtype, jax.dtypes.prng_key):
+        return rng_key
+    arr = jnp.asarray(rng_key)
+    if arr.dtype == jnp.uint32 and arr.shape == (8,):
+        return d3p.random.convert_to_jax_rng_key(arr)
+    if arr.dtype == jnp.uint32 and arr.shape == (2,):
+        return arr
+    raise ValueError(
+        f"Expected rng_key to be an int, a JAX PRNG key or a d3p.random key, got shape {arr.shape}, "
+        f"dtype {arr.dtype}."
+    )
+
+
+def _numpy_rng(rng_key) -> np.random.Generator:
+    """A NumPy generator seeded by the bits of a key (int, JAX key or d3p.random key)."""
+    key = _as_jax_key(rng_key)
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return np.random.default_rng([int(v) for v in np.asarray(key, np.uint32).ravel()])
+
+
+def _encode_float(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return "inf" if v > 0 else ("-inf" if v < 0 else "nan")
+    if isinstance(v, dict):
+        return {k: _encode_float(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_encode_float(x) for x in v]
+    return v
+
+
+def _decode_float(v, keys=("epsilon", "target_epsilon")):
+    if isinstance(v, dict):
+        return {k: (float(x) if k in keys and isinstance(x, str) else _decode_float(x, keys))
+                for k, x in v.items()}
+    return v
+
+
+def _init_guide(guide, model, schema: Schema, num_records: int, params: Dict) -> None:
+    """Set up an autoguide's structure from public placeholder data (no private data)."""
+    if isinstance(guide, AutoGuide) and getattr(guide, "prototype_trace", None) is None:
+        x0 = jnp.asarray(schema.placeholder_codes(1))
+        with handlers.block():
+            handlers.seed(handlers.substitute(guide, data=params), rng_seed=0)(x0, N=num_records)
+
+
+class TwinResult:
+    """A fitted twin: schema, model, variational parameters and privacy record.
+
+    Attributes:
+
+    - ``schema`` (:class:`Schema`), ``num_records`` (N, treated as public),
+    - ``params``: the guide's parameters (NumPy arrays): the private release,
+    - ``privacy``: dict with ``epsilon``, ``delta``, ``sigma``, ``relation``,
+      ``sampling``, ``q``, ``num_steps``, ``clipping_threshold``,
+      ``accountant``, and ``not_covered``: the schema fields read from the
+      data without privacy,
+    - ``fit_info``: settings and timing of the fit,
+    - ``model``, ``guide``: the NumPyro callables,
+    - ``losses``: the training losses, only after :func:`fit` (not saved):
+      computed from the un-noised data, NOT private.
+
+    Everything except ``losses`` is post-processing of the DP-VI release and
+    the schema, so synthetic data from :meth:`generate` carry the privacy of
+    ``privacy`` (plus whatever ``not_covered`` lists).
+    """
+
+    def __init__(self, schema: Schema, model, guide, params: Dict, *, num_records: int,
+                 model_spec: dict, guide_spec: dict, privacy: dict, fit_info: dict,
+                 losses: Optional[np.ndarray] = None):
+        self.schema = schema
+        self.model = model
+        self.guide = guide
+        self.params = {k: np.asarray(v) for k, v in params.items()}
+        self.num_records = int(num_records)
+        self.model_spec = dict(model_spec)
+        self.guide_spec = dict(guide_spec)
+        self.privacy = dict(privacy)
+        self.fit_info = dict(fit_info)
+        self.losses = losses
+        _init_guide(self.guide, self.model, self.schema, self.num_records,
+                    {k: jnp.asarray(v) for k, v in self.params.items()})
+
+    def __repr__(self) -> str:
+        p = self.privacy
+        return (f"TwinResult({len(self.schema)} columns, N={self.num_records}, model={self.model_spec.get('type')}, "
+                f"epsilon={p.get('epsilon')}, delta={p.get('delta')}, sigma={p.get('sigma')})")
+
+    # ------------------------------------------------------------ generate
+
+    def _sampler(self, num_draws: int, per_draw: int):
+        """Compiled ``(key, params) -> codes (num_draws, per_draw, D)``, cached."""
+        cache = self.__dict__.setdefault("_samplers", {})
+        if (num_draws, per_draw) not in cache:
+            model, guide, N = self.model, self.guide, self.num_records
+
+            def sample(key, params):
+                pred = Predictive(model, guide=guide, params=params, num_samples=num_draws,
+                                  return_sites=["x"], parallel=True)
+                return pred(key, None, N=N, num_records=per_draw)["x"]
+
+            cache[(num_draws, per_draw)] = jax.jit(sample)
+        return cache[(num_draws, per_draw)]
+
+    def generate_codes(self, num_records: int, rng_key, *, num_param_draws: Optional[int] = None) -> np.ndarray:
+        """Synthetic records as a code matrix ``(num_records, D)`` (``NaN`` = missing).
+
+        See :meth:`generate`.
+        """
+        if isinstance(num_records, bool) or not isinstance(num_records, (int, np.integer)) or num_records < 1:
+            raise ValueError(f"Expected num_records to be an integer >= 1, got num_records={num_records!r}.")
+        n = int(num_records)
+        M = min(n, 100) if num_param_draws is None else num_param_draws
+        if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
+            raise ValueError(f"Expected num_param_draws to be an integer >= 1, got num_param_draws={M!r}.")
+        M = int(min(M, n))
+        per_draw = -(-n // M)
+        if isinstance(self.model, MixtureModel) and isinstance(self.guide, MixtureGuide):
+            # NumPy: nothing to compile
+            rng = _numpy_rng(rng_key)
+            sites = guide_sample_numpy(self.guide, self.params, M, rng)
+            x = mixture_sample_numpy(self.model, sites, per_draw, rng).reshape(M * per_draw, -1)
+            return x[rng.permutation(M * per_draw)[:n]]
+        key, perm_key = jax.random.split(_as_jax_key(rng_key))
+        x = self._sampler(M, per_draw)(key, {k: jnp.asarray(v) for k, v in self.params.items()})
+        x = np.asarray(x, dtype=np.float64).reshape(M * per_draw, -1)
+        order = np.asarray(jax.random.permutation(perm_key, M * per_draw))[:n]
+        return x[order]
+
+    def generate(self, num_records: int, rng_key, *, num_param_draws: Optional[int] = None) -> pd.DataFrame:
+        """Sample a synthetic table from the posterior predictive distribution.
+
+        ``num_param_draws`` parameter sets are drawn from the variational
+        posterior (default ``min(num_records, 100)``) and each generates an
+        equal share of the records; the rows are shuffled. Post-processing of
+        the private release: the output has the privacy of ``self.privacy``.
+
+        :param int num_records: number of synthetic records.
+        :param rng_key: an int seed, a JAX PRNG key or a ``d3p.random`` key.
+            The same key gives the same table (also after :meth:`save`/:func:`load`).
+        :param int num_param_draws: number of posterior draws.
+        :return: DataFrame with the schema's columns, dtypes and categories;
+            nullable columns have missing values at the modelled rate.
+        """
+        return self.schema.decode(self.generate_codes(num_records, rng_key, num_param_draws=num_param_draws))
+
+    # ---------------------------------------------------------------- save
+
+    def description(self) -> dict:
+        """The JSON content of ``twin.json`` (no data, no parameters)."""
+        return _encode_float({
+            "format": FORMAT,
+            "format_version": _FORMAT_VERSION,
+            "d3p_version": VERSION,
+            "num_records": self.num_records,
+            "schema": self.schema.to_dict(),
+            "model": self.model_spec,
+            "guide": self.guide_spec,
+            "privacy": self.privacy,
+            "fit": self.fit_info,
+            "params": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in self.params.items()},
+        })
+
+    def save(self, path: Union[str, os.PathLike], *, overwrite: bool = False) -> str:
+        """Save the twin to the directory ``path`` (``twin.json`` + ``params.npz``).
+
+        Written to a temporary directory next to ``path`` and renamed at the
+        end, so a failure leaves no partial output. Contains no records.
+
+        :param path: the directory to create.
+        :param bool overwrite: replace an existing directory.
+        :return: the path.
+        """
+        path = os.fspath(path)
+        with atomic_directory(path, overwrite=overwrite) as tmp:
+            self.write_files(tmp)
+        return path
+
+    def write_files(self, directory: Union[str, os.PathLike]) -> None:
+        """Write ``twin.json`` and ``params.npz`` into the existing ``directory``
+        (not atomically; see :meth:`save`)."""
+        with open(os.path.join(directory, "twin.json"), "w", encoding="utf-8") as f:
+            json.dump(self.description(), f, indent=2, allow_nan=False)
+            f.write("\n")
+        np.savez(os.path.join(directory, "params.npz"), **self.params)
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike], *, model: Optional[Callable] = None,
+             guide: Optional[Callable] = None) -> "TwinResult":
+        """Load a twin saved by :meth:`save`.
+
+        :param path: the directory.
+        :param model: required if the twin was fit with a user-supplied model.
+        :param guide: required if it was fit with a user-supplied guide.
+        :return: the :class:`TwinResult`.
+        """
+        path = os.fspath(path)
+        try:
+            with open(os.path.join(path, "twin.json"), encoding="utf-8") as f:
+                desc = json.load(f)
+            with np.load(os.path.join(path, "params.npz")) as z:
+                params = {k: z[k] for k in z.files}
+        except FileNotFoundError:
+            raise TwinInputError(f"{path!r} is not a saved twin (twin.json or params.npz missing).") from None
+        if desc.get("format") != FORMAT:
+            raise TwinInputError(f"{path!r} is not a saved twin (format {desc.get('format')!r}).")
+        if desc.get("format_version", 0) > _FORMAT_VERSION:
+            raise TwinInputError(f"{path!r} was saved by a newer d3p (format {desc.get('format_version')}).")
+        schema = Schema.from_dict(desc["schema"])
+        mspec, gspec = desc["model"], desc["guide"]
+        if mspec.get("type") == "mixture":
+            if model is None:
+                model = MixtureModel(schema, mspec["num_components"])
+        elif model is None:
+            raise TwinInputError(
+                f"The twin in {path!r} was fit with a user-supplied model ({mspec.get('name')!r}); "
+                "pass the same model as model= (and its guide as guide=)."
+            )
+        if guide is None and gspec.get("type") == "MixtureGuide":
+            if not isinstance(model, MixtureModel):
+                raise TwinInputError("A MixtureGuide needs the default MixtureModel.")
+            guide = MixtureGuide(model, gspec.get("init_scale", 0.1), gspec.get("learn_scale", True))
+        if guide is None:
+            if gspec.get("type") != "AutoDiagonalNormal":
+                raise TwinInputError(
+                    f"The twin in {path!r} was fit with a user-supplied guide ({gspec.get('name')!r}); "
+                    "pass it as guide=."
+                )
+            guide = AutoDiagonalNormal(model)
+        return cls(schema, model, guide, params, num_records=desc["num_records"], model_spec=mspec,
+                   guide_spec=gspec, privacy=_decode_float(desc["privacy"]), fit_info=desc.get("fit", {}))
+
+
+def load(path: Union[str, os.PathLike], *, model: Optional[Callable] = None,
+         guide: Optional[Callable] = None) -> TwinResult:
+    """Load a saved twin; see :meth:`TwinResult.load`."""
+    return TwinResult.load(path, model=model, guide=guide)
+
+
+def fit(
+    data: pd.DataFrame,
+    epsilon: float,
+    delta: Optional[float] = None,
+    *,
+    rng_key,
+    schema: Optional[Union[Schema, dict]] = None,
+    model: Optional[Callable] = None,
+    guide: Optional[Callable] = None,
+    num_components: Optional[int] = None,
+    num_steps: Optional[int] = None,
+    q: Optional[float] = None,
+    sampling: str = "poisson",
+    clipping_threshold: float = DEFAULT_CLIPPING_THRESHOLD,
+    learning_rate: float = DEFAULT_LEARNING_RATE,
+    optimizer=None,
+    accountant: str = "fourier",
+    max_levels: int = DEFAULT_MAX_LEVELS,
+    progress_bar: bool = True,
+) -> TwinResult:
+    """Fit a synthetic-data twin of ``data`` with DP-VI at the target (ε, δ).
+
+    Steps: (1) complete the schema (:func:`infer_schema`: what it reads from
+    the data is warned about and recorded in ``privacy["not_covered"]``);
+    (2) encode the table (:meth:`Schema.encode`, a per-record map);
+    (3) calibrate the noise multiplier σ for (ε, δ, q, T) with the accountant
+    that matches the sampler (Poisson sampling:
+    :func:`d3p.dputil.approximate_sigma_remove_relation`, add/remove relation;
+    fixed-size sampling: :func:`d3p.dputil.approximate_sigma`, substitute);
+    (4) initialise model and guide on public placeholder records;
+    (5) run :meth:`d3p.svi.DPSVI.run` with that σ and sampler for T steps.
+
+    The default model is :class:`MixtureModel` (K product components). A
+    user-supplied ``model`` must follow the contract
+    ``model(x=None, *, N, num_records=None)``: ``x`` is the ``float32`` code
+    matrix of :meth:`Schema.encode` (``NaN`` = missing), observed at site
+    ``"x"`` under ``numpyro.plate("data", N, subsample_size=x.shape[0])``;
+    with ``x=None`` it must sample ``num_records`` code rows at site ``"x"``
+    (for :meth:`TwinResult.generate`). The guide defaults to
+    :class:`~numpyro.infer.autoguide.AutoDiagonalNormal`.
+
+    :param pandas.DataFrame data: the private table (never modified, never
+        stored).
+    :param float epsilon: target ε > 0; ``inf`` fits without privacy
+        (σ = 0 with the same clipping, for comparison).
+    :param float delta: target δ in (0, 1); default ``1 / N**2``.
+    :param rng_key: a ``d3p.random`` key (e.g. ``d3p.random.PRNGKey()`` for
+        fresh entropy) or an int seed; the privacy noise is drawn from it.
+    :param schema: a :class:`Schema` or its dict; fields it leaves out are
+        inferred (with a :class:`SchemaInferenceWarning`).
+    :param model: a NumPyro model (contract above); default :class:`MixtureModel`.
+    :param guide: a NumPyro guide for ``model``; default ``AutoDiagonalNormal``.
+    :param int num_components: K for the default model (default
+        :func:`~d3p.twin.model.default_num_components`).
+    :param int num_steps: T (default :func:`default_num_steps`).
+    :param float q: sampling probability (default :func:`default_q`).
+    :param str sampling: ``"poisson"`` (default) or ``"fixed"``.
+    :param float clipping_threshold: C (default 1.0).
+    :param float learning_rate: Adam step size (default 0.05).
+    :param optimizer: instead of Adam, any optimizer :class:`DPSVI` accepts (a
+        NumPyro optimizer or an optax transformation); ``learning_rate`` is then unused.
+    :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"``.
+    :param int max_levels: see :func:`infer_schema`.
+    :param bool progress_bar: show DPSVI's progress bar.
+    :return: :class:`TwinResult`.
+    :raises TwinInputError: on unusable data or schema.
+    :raises ValueError: on invalid arguments (named in the message).
+
+    **Formal guarantees.** Let S be the schema (with N). Given S, the
+    released parameters (and every table generated from them) are
+    (ε, δ)-DP, with ε from the accountant for the sampler actually used
+    (add/remove relation for Poisson sampling, substitute for fixed-size),
+    and δ including the Poisson padding-overflow term. The private data enter
+    the fit only through :meth:`Schema.encode` (a per-record function) into
+    :meth:`DPSVI.run`; model and guide are initialised on placeholder
+    records. S itself is NOT private where it was read from the data
+    (``privacy["not_covered"]``), and N is treated as public. With
+    ``epsilon=inf`` there is no privacy. ``TwinResult.losses`` is not private.
+    """
+    t0 = time.monotonic()
+    epsilon = _check_epsilon(epsilon)
+    key = _as_d3p_key(rng_key)
+    if not isinstance(data, pd.DataFrame):
+        raise TypeError(f"Expected data to be a pandas DataFrame, got {type(data).__name__}.")
+    if sampling not in ("poisson", "fixed"):
+        raise ValueError(f"Expected sampling in ('poisson', 'fixed'), got sampling={sampling!r}.")
+    for name, v in (("clipping_threshold", clipping_threshold), ("learning_rate", learning_rate)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not (
+                math.isfinite(float(v)) and float(v) > 0):
+            raise ValueError(f"Expected {name} > 0 and finite, got {name}={v!r}.")
+    if guide is not None and model is None:
+        raise ValueError("Expected a model together with the guide (guide without model).")
+
+    schema = infer_schema(data, schema, max_levels=max_levels)
+    x = schema.encode(data)
+    N = x.shape[0]
+    if delta is None:
+        delta = 1.0 / N**2
+    if isinstance(delta, bool) or not isinstance(delta, (int, float, np.integer, np.floating)) or not (0 < float(delta) < 1):
+        raise ValueError(f"Expected delta in (0, 1), got delta={delta!r}.")
+    delta = float(delta)
+    if q is None:
+        q = default_q(N)
+    if isinstance(q, bool) or not isinstance(q, (int, float, np.integer, np.floating)) or not (0 < float(q) <= 1):
+        raise ValueError(f"Expected q in (0, 1], got q={q!r}.")
+    q = float(q)
+    if num_steps is None:
+        num_steps = default_num_steps(N, q)
+    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
+        raise ValueError(f"Expected num_steps to be an integer >= 1, got num_steps={num_steps!r}.")
+    num_steps = int(num_steps)
+
+    # the sampler and its matching accountant
+    if sampling == "poisson":
+        sampler = minibatch.PoissonSampler(N, q)
+        calibrate = dputil.approximate_sigma_remove_relation
+        run_kw = {"q": q, "sampling": "poisson"}
+        overflow = (minibatch.poisson_overflow_delta(N, q, sampler.max_batch_size, num_steps, epsilon)
+                    if math.isfinite(epsilon) else 0.0)
+    else:
+        batch_size = minibatch.q_to_batch_size(q, N)
+        sampler = minibatch.FixedSizeSampler(N, batch_size)
+        calibrate = dputil.approximate_sigma
+        run_kw = {"batch_size": batch_size, "sampling": "fixed"}
+        overflow = 0.0
+    q_used = float(sampler.q)
+    delta_run = delta - overflow
+    if not delta_run > 0.5 * delta:
+        raise ValueError(
+            f"q={q} is too large for Poisson sampling of N={N} records: the padded batch "
+            f"({sampler.max_batch_size} records) would overflow for a neighbouring data set with "
+            f"probability {overflow:.3g} (added to delta={delta:g}). Use a smaller q (<= 0.5) or "
+            "sampling='fixed'."
+        )
+    if math.isinf(epsilon):
+        sigma = 0.0
+    else:
+        sigma, _, _ = calibrate(epsilon, delta_run, q_used, num_steps, accountant=accountant)
+
+    # model and guide
+    if model is None:
+        model = MixtureModel(schema, num_components, num_records=N)
+    elif num_components is not None:
+        raise ValueError("num_components applies only to the default model, not to a user-supplied one.")
+    if isinstance(model, MixtureModel):
+        if model.schema.names != schema.names:
+            raise ValueError("Expected the MixtureModel to be built for the data's schema.")
+        model_spec = model.description()
+    else:
+        model_spec = {"type": "custom", "name": getattr(model, "__qualname__", type(model).__name__)}
+    if guide is None:
+        guide = MixtureGuide(model) if isinstance(model, MixtureModel) else AutoDiagonalNormal(model)
+    if isinstance(guide, MixtureGuide):
+        guide_spec = {"type": "MixtureGuide", "init_scale": guide.init_scale, "learn_scale": guide.learn_scale}
+    elif type(guide) is AutoDiagonalNormal:
+        guide_spec = {"type": "AutoDiagonalNormal"}
+    else:
+        guide_spec = {"type": "custom", "name": getattr(guide, "__qualname__", type(guide).__name__)}
+
+    optim = numpyro.optim.Adam(learning_rate) if optimizer is None else optimizer
+    svi = DPSVI(model, guide, optim, Trace_ELBO(),
+                clipping_threshold=float(clipping_threshold), dp_scale=float(sigma), N=N)
+    init_key, run_key = d3p.random.split(key, 2)
+    # initialise on public placeholder records: no private value enters the initial state
+    x0 = jnp.asarray(schema.placeholder_codes(1))
+    if isinstance(guide, MixtureGuide):
+        state = jax.jit(svi.init)(init_key, x0)  # our guide has no Python side effects
+    else:
+        state = svi.init(init_key, x0)
+    result = svi.run(run_key, num_steps, jnp.asarray(x), target_delta=delta_run, accountant=accountant,
+                     progress_bar=progress_bar, init_state=state, **run_kw)
+    if result.relation != sampler.relation or result.sigma != float(sigma):
+        raise RuntimeError(  # pragma: no cover - a consistency check
+            f"Internal error: the run used relation={result.relation}, sigma={result.sigma}; "
+            f"expected {sampler.relation}, {sigma}."
+        )
+    eps_run = float(result.epsilon)
+    if eps_run > epsilon * (1 + 1e-9):
+        raise RuntimeError(  # pragma: no cover - a consistency check
+            f"Internal error: the run's epsilon {eps_run} exceeds the target {epsilon}."
+        )
+    privacy = {
+        "epsilon": eps_run,
+        "target_epsilon": epsilon,
+        "delta": (delta_run + overflow) if math.isfinite(eps_run) else None,
+        "delta_poisson_overflow": overflow,
+        "sigma": float(sigma),
+        "clipping_threshold": float(clipping_threshold),
+        "relation": sampler.relation,
+        "sampling": sampling,
+        "q": q_used,
+        "num_steps": num_steps,
+        "accountant": accountant,
+        "num_records_public": True,
+        "private": math.isfinite(eps_run),
+        "not_covered": {k: list(v) for k, v in schema.inferred_fields().items()},
+    }
+    fit_info = {
+        "num_steps": num_steps,
+        "q": q_used,
+        "expected_batch_size": float(sampler.expected_batch_size),
+        "sampling": sampling,
+        "learning_rate": float(learning_rate),
+        "clipping_threshold": float(clipping_threshold),
+        "optimizer": "adam" if optimizer is None else type(optimizer).__name__,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    return TwinResult(schema, model, guide, result.params, num_records=N, model_spec=model_spec,
+                      guide_spec=guide_spec, privacy=privacy, fit_info=fit_info,
+                      losses=np.asarray(result.losses))

@@ -1,0 +1,896 @@
+"""Table schemas for synthetic data twins: column kinds, levels, bounds, encoding.
+
+A :class:`Schema` says, for every column of a table, what the twin's model may
+assume about it: its kind (categorical, boolean, real or count), the
+categories of a categorical column, the bounds of a numeric column, whether
+it may be missing, and which distribution models it. It is a plain,
+JSON-serialisable description; :meth:`Schema.encode` turns a DataFrame into
+the float matrix the models see and :meth:`Schema.decode` turns model output
+back into a DataFrame with the original columns and dtypes.
+
+**Privacy.** Everything in a schema shapes the synthetic data and is released
+with the twin (it is stored in the saved model). Levels, bounds and the fact
+that a column has missing values are facts about the data: if they are read
+from the private data they are *not* covered by the (ε, δ) guarantee of the
+fit. A rare category, for instance, reveals that some record has it, and a
+minimum or maximum is one record's value. :func:`infer_schema` therefore reads
+them from the data only where the caller did not supply them, records which
+ones it read (``ColumnSpec.inferred``) and warns with
+:class:`SchemaInferenceWarning`. To avoid the leak, supply them from public
+knowledge (code books, plausible ranges) or obtain them privately.
+
+Encoding (one float per column and record, ``NaN`` for a missing value):
+
+* ``categorical``: the index of the value in ``levels``;
+* ``boolean``: 0 or 1;
+* ``real``, and ``count`` modelled as ``normal``/``lognormal``: the value is
+  clipped to ``[lower, upper]``, ``u = (x - lower) / (upper - lower)`` in
+  [0, 1]; for ``normal`` the code is ``2 u - 1``, for ``lognormal`` it is
+  ``log(u + c)`` (``c`` = :data:`LOG_OFFSET`) mapped affinely onto [-1, 1].
+  ``upper == lower`` gives 0. Decoding inverts this (clipping to [-1, 1]
+  first) and rounds counts to integers;
+* ``count`` modelled as ``poisson``: ``round(x) - lower`` after clipping to
+  the bounds.
+
+Values outside user-supplied bounds are clipped (a data-independent,
+per-record operation); values not among user-supplied levels are an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "KINDS",
+    "DISTRIBUTIONS",
+    "LOG_OFFSET",
+    "DEFAULT_MAX_LEVELS",
+    "ColumnSpec",
+    "Schema",
+    "infer_schema",
+    "SchemaInferenceWarning",
+    "TwinInputError",
+]
+
+#: Column kinds.
+KINDS = ("categorical", "boolean", "real", "count")
+#: Distributions allowed for each kind (the first is the default).
+DISTRIBUTIONS = {
+    "categorical": ("categorical",),
+    "boolean": ("bernoulli",),
+    "real": ("normal", "lognormal"),
+    "count": ("poisson", "normal", "lognormal"),
+}
+#: Offset ``c`` of the log transform of ``lognormal`` columns: ``log(u + c)``
+#: for ``u`` in [0, 1], so values at the lower bound stay finite.
+LOG_OFFSET = 0.01
+#: Default largest number of levels :func:`infer_schema` accepts for a
+#: categorical column read from the data.
+DEFAULT_MAX_LEVELS = 50
+#: Counts with a wider range than this are modelled as ``lognormal`` (rounded)
+#: by default instead of ``poisson``.
+POISSON_MAX_RANGE = 100
+
+
+class TwinInputError(ValueError):
+    """Bad input data or schema for a twin (a ``ValueError`` with a message for users)."""
+
+
+class SchemaInferenceWarning(UserWarning):
+    """Schema information (levels, bounds, missingness, ...) was read from the
+    private data without differential privacy; it is released with the twin and
+    is not covered by its (ε, δ) guarantee."""
+
+
+def _jsonable(value):
+    """A JSON-compatible Python scalar for a level or bound."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, (bool, int, str)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value
+    raise TwinInputError(
+        f"Expected levels to be strings, numbers or booleans, got {value!r} of type "
+        f"{type(value).__name__}."
+    )
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """What the twin may assume about one column.
+
+    Fields left ``None`` are unknown; :func:`infer_schema` fills them in from
+    the data (and warns). A schema used for fitting must be complete.
+
+    :param str name: the column name.
+    :param str kind: ``"categorical"``, ``"boolean"``, ``"real"`` or ``"count"``.
+    :param str dtype: the pandas dtype of the column (e.g. ``"float64"``,
+        ``"int64"``, ``"str"``, ``"category"``, ``"bool"``), used to restore
+        it in synthetic data; not considered private. Default: taken from the data.
+    :param bool nullable: whether the column may be missing. Missing values are
+        modelled explicitly: an extra level for categoricals, a Bernoulli
+        missingness indicator per mixture component otherwise.
+    :param tuple levels: the categories of a categorical column, in order.
+    :param bool ordered: whether those categories are ordered (restored for
+        ``category`` dtype).
+    :param float lower: lower bound of a numeric column.
+    :param float upper: upper bound of a numeric column.
+    :param str distribution: the model of the column, one of
+        :data:`DISTRIBUTIONS` for its kind.
+    :param tuple inferred: names of the fields that were read from the data
+        (set by :func:`infer_schema`).
+    """
+
+    name: str
+    kind: Optional[str] = None
+    dtype: Optional[str] = None
+    nullable: Optional[bool] = None
+    levels: Optional[Tuple[Any, ...]] = None
+    ordered: bool = False
+    lower: Optional[float] = None
+    upper: Optional[float] = None
+    distribution: Optional[str] = None
+    inferred: Tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TwinInputError(f"Expected a column name to be a string, got name={self.name!r}.")
+        if self.kind is not None and self.kind not in KINDS:
+            raise TwinInputError(
+                f"Expected kind in {KINDS} for column {self.name!r}, got kind={self.kind!r}."
+            )
+        if self.levels is not None:
+            levels = tuple(_jsonable(v) for v in self.levels)
+            if len(set(map(_level_key, levels))) != len(levels):
+                raise TwinInputError(f"Column {self.name!r} has duplicate levels: {list(levels)!r}.")
+            object.__setattr__(self, "levels", levels)
+        for b in ("lower", "upper"):
+            v = getattr(self, b)
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                    raise TwinInputError(f"Expected {b} of column {self.name!r} to be a number, got {v!r}.")
+                v = float(v)
+                if not math.isfinite(v):
+                    raise TwinInputError(f"Expected a finite {b} for column {self.name!r}, got {b}={v}.")
+                object.__setattr__(self, b, v)
+        if self.lower is not None and self.upper is not None and self.lower > self.upper:
+            raise TwinInputError(
+                f"Expected lower <= upper for column {self.name!r}, got lower={self.lower}, "
+                f"upper={self.upper}."
+            )
+        if self.kind is not None and self.distribution is not None:
+            if self.distribution not in DISTRIBUTIONS[self.kind]:
+                raise TwinInputError(
+                    f"Expected distribution in {DISTRIBUTIONS[self.kind]} for the {self.kind} column "
+                    f"{self.name!r}, got distribution={self.distribution!r}."
+                )
+        if self.kind == "count" and self.lower is not None:
+            for b in ("lower", "upper"):
+                v = getattr(self, b)
+                if v is not None and v != round(v):
+                    raise TwinInputError(
+                        f"Expected integer bounds for the count column {self.name!r}, got {b}={v}."
+                    )
+        object.__setattr__(self, "inferred", tuple(self.inferred))
+        if self.nullable is not None:
+            object.__setattr__(self, "nullable", bool(self.nullable))
+        object.__setattr__(self, "ordered", bool(self.ordered))
+
+    # -------------------------------------------------------------- status
+
+    def missing_fields(self) -> List[str]:
+        """The fields still needed before this column can be modelled."""
+        need = []
+        if self.kind is None:
+            return ["kind", "nullable"]
+        if self.nullable is None:
+            need.append("nullable")
+        if self.kind == "categorical" and self.levels is None:
+            need.append("levels")
+        if self.kind in ("real", "count"):
+            if self.lower is None:
+                need.append("lower")
+            if self.upper is None:
+                need.append("upper")
+        if self.distribution is None:
+            need.append("distribution")
+        if self.dtype is None:
+            need.append("dtype")
+        return need
+
+    @property
+    def is_complete(self) -> bool:
+        """Whether every field needed for modelling is known."""
+        return not self.missing_fields()
+
+    @property
+    def num_levels(self) -> int:
+        """Number of levels of a categorical column (without the missing level)."""
+        return len(self.levels) if self.levels is not None else 0
+
+    # ---------------------------------------------------------------- JSON
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict; ``None`` fields are left out."""
+        out = {"name": self.name}
+        for f in dataclasses.fields(self):
+            if f.name == "name":
+                continue
+            v = getattr(self, f.name)
+            if v is None or (f.name == "ordered" and not v) or (f.name == "inferred" and not v):
+                continue
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "ColumnSpec":
+        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        if not isinstance(d, Mapping):
+            raise TwinInputError(f"Expected a column description to be a JSON object, got {d!r}.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise TwinInputError(
+                f"Unknown field(s) {unknown} in the description of column {d.get('name')!r}; "
+                f"expected some of {sorted(known)}."
+            )
+        if "name" not in d:
+            raise TwinInputError(f"Expected a 'name' in every column description, got {dict(d)!r}.")
+        kw = dict(d)
+        for k in ("levels", "inferred"):
+            if kw.get(k) is not None:
+                if not isinstance(kw[k], (list, tuple)):
+                    raise TwinInputError(
+                        f"Expected {k} of column {d['name']!r} to be a list, got {kw[k]!r}."
+                    )
+                kw[k] = tuple(kw[k])
+        for k in ("nullable", "ordered"):
+            if k in kw and kw[k] is not None and not isinstance(kw[k], bool):
+                raise TwinInputError(f"Expected {k} of column {d['name']!r} to be true/false, got {kw[k]!r}.")
+        return cls(**kw)
+
+    # ------------------------------------------------------------ encoding
+
+    def _scale(self, x: np.ndarray) -> np.ndarray:
+        """Numeric values (already clipped) to codes in [-1, 1]."""
+        lo, hi = self.lower, self.upper
+        if hi == lo:
+            return np.zeros_like(x)
+        u = (x - lo) / (hi - lo)
+        if self.distribution == "lognormal":
+            c = LOG_OFFSET
+            t = np.log(u + c)
+            return 2.0 * (t - math.log(c)) / (math.log1p(c) - math.log(c)) - 1.0
+        return 2.0 * u - 1.0
+
+    def _unscale(self, z: np.ndarray) -> np.ndarray:
+        lo, hi = self.lower, self.upper
+        z = np.clip(z, -1.0, 1.0)
+        if hi == lo:
+            return np.full_like(z, lo)
+        if self.distribution == "lognormal":
+            c = LOG_OFFSET
+            t = (z + 1.0) / 2.0 * (math.log1p(c) - math.log(c)) + math.log(c)
+            u = np.exp(t) - c
+        else:
+            u = (z + 1.0) / 2.0
+        return np.clip(lo + np.clip(u, 0.0, 1.0) * (hi - lo), lo, hi)
+
+    def encode(self, series: pd.Series) -> np.ndarray:
+        """One column of data to float64 codes, ``NaN`` for missing values.
+
+        :param pandas.Series series: the column.
+        :return: ``float64`` array of shape ``(len(series),)``.
+        :raises TwinInputError: on values that the spec does not allow
+            (unknown levels, text in a numeric column, missing values in a
+            non-nullable column, non-integers in a count column).
+        """
+        if not self.is_complete:
+            raise TwinInputError(
+                f"Column {self.name!r} is not fully described (missing {self.missing_fields()})."
+            )
+        missing = series.isna().to_numpy()
+        if missing.any() and not self.nullable:
+            raise TwinInputError(
+                f"Column {self.name!r} has {int(missing.sum())} missing value(s) but the schema "
+                "says nullable=false."
+            )
+        out = np.full(len(series), np.nan)
+        present = ~missing
+        values = series[present]
+        if self.kind == "categorical":
+            out[present] = _level_indices(self, values)
+        elif self.kind == "boolean":
+            out[present] = _boolean_values(self.name, values)
+        else:
+            x = _numeric_values(self.name, values)
+            x = np.clip(x, self.lower, self.upper)
+            if self.kind == "count":
+                frac = x != np.round(x)
+                if frac.any():
+                    raise TwinInputError(
+                        f"Column {self.name!r} is a count column but holds {int(frac.sum())} "
+                        f"non-integer value(s), e.g. {x[frac][0]!r}; declare it as kind 'real'."
+                    )
+            if self.kind == "count" and self.distribution == "poisson":
+                out[present] = x - self.lower
+            else:
+                out[present] = self._scale(x)
+        return out
+
+    def decode(self, codes: np.ndarray) -> pd.Series:
+        """Codes (``NaN`` for missing) back to a column with this spec's dtype.
+
+        :param numpy.ndarray codes: float array of codes, as from a model.
+        :return: :class:`pandas.Series` named ``name``.
+        """
+        codes = np.asarray(codes, dtype=np.float64)
+        missing = np.isnan(codes)
+        if not self.nullable:
+            # a model may put a missing value where none is allowed: use a valid default
+            codes = np.where(missing, 0.0, codes)
+            missing = np.zeros_like(missing)
+        safe = np.where(missing, 0.0, codes)
+        if self.kind == "categorical":
+            idx = np.clip(np.round(safe), 0, self.num_levels - 1).astype(np.int64)
+            levels = np.empty(self.num_levels, dtype=object)
+            levels[:] = list(self.levels)
+            values = levels[idx] if self.num_levels else np.full(len(idx), None, dtype=object)
+            values = values.astype(object)
+            values[missing] = None
+            if self.dtype == "category":
+                return pd.Series(
+                    pd.Categorical(values, categories=list(self.levels), ordered=self.ordered),
+                    name=self.name,
+                )
+            return _as_dtype(pd.Series(values, name=self.name, dtype=object), self.dtype, missing)
+        if self.kind == "boolean":
+            values = np.empty(len(safe), dtype=object)
+            values[:] = (safe >= 0.5).tolist()
+            values[missing] = None
+            return _as_dtype(pd.Series(values, name=self.name, dtype=object), self.dtype, missing)
+        if self.kind == "count" and self.distribution == "poisson":
+            x = np.clip(np.round(safe) + self.lower, self.lower, self.upper)
+        else:
+            x = self._unscale(safe)
+            if self.kind == "count":
+                x = np.clip(np.round(x), self.lower, self.upper)
+        x = np.where(missing, np.nan, x)
+        return _as_dtype(pd.Series(x, name=self.name), self.dtype, missing)
+
+
+def _level_key(v):
+    """Hashable key identifying a level (1 and 1.0 and True are different levels)."""
+    return (type(v).__name__ if not isinstance(v, (int, float)) or isinstance(v, bool) else "num", v)
+
+
+def _level_indices(spec: ColumnSpec, values: pd.Series) -> np.ndarray:
+    exact = {}
+    by_str = {}
+    for i, lev in enumerate(spec.levels):
+        exact.setdefault(_level_key(lev), i)
+        by_str.setdefault(str(lev), i)
+    out = np.empty(len(values))
+    unknown = []
+    for j, v in enumerate(values.tolist()):
+        v = v.item() if isinstance(v, np.generic) else v
+        try:
+            i = exact.get(_level_key(v))
+        except TypeError:
+            i = None
+        if i is None:
+            i = by_str.get(str(v))
+            if i is None and isinstance(v, float) and v.is_integer():
+                i = by_str.get(str(int(v)))
+        if i is None:
+            unknown.append(v)
+            i = 0
+        out[j] = i
+    if unknown:
+        shown = sorted({str(u) for u in unknown})[:3]
+        raise TwinInputError(
+            f"Column {spec.name!r} has {len(unknown)} value(s) that are not among its "
+            f"{spec.num_levels} schema levels, e.g. {shown}; add them to the levels in the schema "
+            "(or map them to a known level or to missing before fitting)."
+        )
+    return out
+
+
+_TRUE = {"true", "t", "yes", "1"}
+_FALSE = {"false", "f", "no", "0"}
+
+
+def _boolean_values(name: str, values: pd.Series) -> np.ndarray:
+    out = np.empty(len(values))
+    bad = []
+    for j, v in enumerate(values.tolist()):
+        if isinstance(v, (bool, np.bool_)):
+            out[j] = float(bool(v))
+        elif isinstance(v, (int, float, np.integer, np.floating)) and v in (0, 1):
+            out[j] = float(v)
+        elif isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
+            out[j] = 1.0 if v.strip().lower() in _TRUE else 0.0
+        else:
+            bad.append(v)
+    if bad:
+        raise TwinInputError(
+            f"Column {name!r} is boolean but has {len(bad)} value(s) that are not true/false, "
+            f"e.g. {sorted({str(b) for b in bad})[:3]}."
+        )
+    return out
+
+
+def _numeric_values(name: str, values: pd.Series) -> np.ndarray:
+    if pd.api.types.is_bool_dtype(values.dtype):
+        return values.to_numpy(dtype=np.float64)
+    if pd.api.types.is_numeric_dtype(values.dtype):
+        x = values.to_numpy(dtype=np.float64, na_value=np.nan)
+    else:
+        parsed = pd.to_numeric(values, errors="coerce")
+        bad = parsed.isna().to_numpy()
+        if bad.any():
+            shown = sorted({str(v) for v in values[bad].tolist()})[:3]
+            raise TwinInputError(
+                f"Column {name!r} is numeric but has {int(bad.sum())} non-numeric value(s), e.g. "
+                f"{shown}. Fix or remove them, treat them as missing (CLI: --na-values), or declare "
+                "the column categorical in the schema."
+            )
+        x = parsed.to_numpy(dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+        raise TwinInputError(f"Column {name!r} has infinite values; replace them or make them missing.")
+    return x
+
+
+def _as_dtype(series: pd.Series, dtype: Optional[str], missing: np.ndarray) -> pd.Series:
+    """Cast decoded values to ``dtype``; numpy int/bool with missing values become
+    the pandas nullable ``Int64``/``boolean``."""
+    if dtype is None or dtype == "object":
+        return series.astype(object).where(~missing, None) if missing.any() else series.astype(object)
+    target = pd.api.types.pandas_dtype(dtype)
+    if missing.any():
+        if isinstance(target, np.dtype) and target.kind in "iu":
+            return series.astype("Int64")
+        if isinstance(target, np.dtype) and target.kind == "b":
+            return series.astype("boolean")
+    try:
+        return series.astype(target)
+    except (TypeError, ValueError):
+        return series
+
+
+def _dtype_name(dtype) -> str:
+    name = str(dtype)
+    try:
+        pd.api.types.pandas_dtype(name)
+    except TypeError:
+        return "object"
+    return name
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The schema of a table: one :class:`ColumnSpec` per column, in order.
+
+    JSON form (``Schema.to_json`` / ``Schema.from_json``, also the CLI's
+    ``--schema`` file)::
+
+        {"columns": [
+          {"name": "age", "kind": "real", "lower": 18, "upper": 100, "nullable": false},
+          {"name": "smoker", "kind": "boolean", "nullable": true},
+          {"name": "region", "kind": "categorical", "levels": ["N", "S", "E", "W"]},
+          {"name": "visits", "kind": "count", "lower": 0, "upper": 50}
+        ]}
+
+    A column's fields that are left out are inferred from the data (with a
+    :class:`SchemaInferenceWarning`); see :func:`infer_schema`.
+
+    :param columns: the column specs.
+    """
+
+    columns: Tuple[ColumnSpec, ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        cols = tuple(self.columns)
+        for c in cols:
+            if not isinstance(c, ColumnSpec):
+                raise TwinInputError(f"Expected ColumnSpec entries in Schema.columns, got {c!r}.")
+        names = [c.name for c in cols]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise TwinInputError(f"Duplicate column name(s) in the schema: {dup}.")
+        object.__setattr__(self, "columns", cols)
+
+    @property
+    def names(self) -> List[str]:
+        """Column names in order."""
+        return [c.name for c in self.columns]
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def __getitem__(self, name: str) -> ColumnSpec:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def __contains__(self, name) -> bool:
+        return any(c.name == name for c in self.columns)
+
+    @property
+    def is_complete(self) -> bool:
+        """Whether every column is fully described."""
+        return all(c.is_complete for c in self.columns)
+
+    def inferred_fields(self) -> Dict[str, Tuple[str, ...]]:
+        """``{column: fields read from the data}`` for columns with any."""
+        return {c.name: c.inferred for c in self.columns if c.inferred}
+
+    # ---------------------------------------------------------------- JSON
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable dict ``{"columns": [...]}``."""
+        return {"columns": [c.to_dict() for c in self.columns]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Schema":
+        """Inverse of :meth:`to_dict`."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("columns"), list):
+            raise TwinInputError('Expected a schema of the form {"columns": [{"name": ...}, ...]}.')
+        extra = sorted(set(d) - {"columns"})
+        if extra:
+            raise TwinInputError(f"Unknown top-level field(s) {extra} in the schema; expected only 'columns'.")
+        return cls(tuple(ColumnSpec.from_dict(c) for c in d["columns"]))
+
+    def to_json(self, **kwargs) -> str:
+        """The schema as a JSON string (``kwargs`` go to :func:`json.dumps`)."""
+        kwargs.setdefault("indent", 2)
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schema":
+        """Parse a schema from a JSON string."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TwinInputError(f"The schema is not valid JSON: {e}.") from None
+        return cls.from_dict(d)
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Write the schema as JSON to ``path``."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+            f.write("\n")
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "Schema":
+        """Read a schema from a JSON file."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise TwinInputError(f"Schema file {str(path)!r} not found.") from None
+        return cls.from_json(text)
+
+    # ------------------------------------------------------------ encoding
+
+    def check_columns(self, data: pd.DataFrame) -> None:
+        """Raise :class:`TwinInputError` unless ``data`` has exactly the schema's columns."""
+        cols = [str(c) for c in data.columns]
+        missing = [n for n in self.names if n not in cols]
+        extra = [c for c in cols if c not in self]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing from the data: {missing}")
+            if extra:
+                parts.append(f"not in the schema: {extra}")
+            raise TwinInputError("The data's columns do not match the schema (" + "; ".join(parts) + ").")
+
+    def encode(self, data: pd.DataFrame) -> np.ndarray:
+        """Encode a DataFrame to a ``float32`` matrix ``(N, D)`` (``NaN`` = missing).
+
+        :param pandas.DataFrame data: a table with the schema's columns.
+        :return: the codes, columns in schema order (see the module docstring).
+        :raises TwinInputError: if the schema is incomplete or the data do not fit it.
+        """
+        if not self.is_complete:
+            todo = {c.name: c.missing_fields() for c in self.columns if not c.is_complete}
+            raise TwinInputError(f"The schema is incomplete: {todo}; use infer_schema to complete it.")
+        self.check_columns(data)
+        data = data.rename(columns=str)
+        if len(self.columns) == 0:
+            return np.zeros((len(data), 0), np.float32)
+        return np.stack([c.encode(data[c.name]) for c in self.columns], axis=1).astype(np.float32)
+
+    def decode(self, codes: np.ndarray) -> pd.DataFrame:
+        """Decode a code matrix ``(n, D)`` to a DataFrame with the schema's columns and dtypes."""
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[1] != len(self.columns):
+            raise ValueError(
+                f"Expected codes of shape (n, {len(self.columns)}), got shape {codes.shape}."
+            )
+        return pd.DataFrame({c.name: c.decode(codes[:, j]) for j, c in enumerate(self.columns)})
+
+    def placeholder_codes(self, num_records: int = 1) -> np.ndarray:
+        """A public, data-independent code matrix of valid values (used to
+        initialise models without touching the private data)."""
+        # 0 is a valid code for every kind: the first level, False, the lowest
+        # count, the middle of a numeric range
+        return np.zeros((num_records, len(self.columns)), np.float32)
+
+    def summary_lines(self) -> List[str]:
+        """One human-readable line per column."""
+        lines = []
+        for c in self.columns:
+            s = f"{c.name}: {c.kind}"
+            if c.kind == "categorical":
+                s += f", {c.num_levels} levels"
+            elif c.kind in ("real", "count"):
+                s += f" in [{c.lower:g}, {c.upper:g}], {c.distribution}"
+            if c.nullable:
+                s += ", nullable"
+            if c.inferred:
+                s += f"  (read from data: {', '.join(c.inferred)})"
+            lines.append(s)
+        return lines
+
+
+# ---------------------------------------------------------------- inference
+
+
+def _infer_kind(name: str, col: pd.Series) -> Tuple[str, bool]:
+    """(kind, whether the values had to be inspected)."""
+    dtype = col.dtype
+    if isinstance(dtype, pd.CategoricalDtype):
+        return "categorical", False
+    if pd.api.types.is_bool_dtype(dtype):
+        return "boolean", False
+    if pd.api.types.is_integer_dtype(dtype):
+        return "count", False
+    if pd.api.types.is_float_dtype(dtype):
+        return "real", False
+    if pd.api.types.is_datetime64_any_dtype(dtype) or pd.api.types.is_timedelta64_dtype(dtype):
+        raise TwinInputError(
+            f"Column {name!r} has dtype {dtype}, which twins do not support; convert it to numbers "
+            "(e.g. days since a public date) or drop it."
+        )
+    if pd.api.types.is_complex_dtype(dtype):
+        raise TwinInputError(f"Column {name!r} has complex dtype {dtype}, which twins do not support.")
+    # object / string: look at the values
+    values = col.dropna()
+    py = values.tolist()
+    if py and all(isinstance(v, (bool, np.bool_)) for v in py):
+        return "boolean", True
+    if py and all(isinstance(v, str) and v.strip().lower() in ("true", "false") for v in py):
+        return "boolean", True
+    parsed = pd.to_numeric(values, errors="coerce")
+    ok = int(parsed.notna().sum())
+    if ok == len(values) and ok > 0:
+        return "real", True
+    if ok > 0 and ok >= 0.5 * len(values):
+        bad = values[parsed.isna()]
+        shown = sorted({str(v) for v in bad.tolist()})[:3]
+        raise TwinInputError(
+            f"Column {name!r} looks numeric ({ok} of {len(values)} values are numbers) but has "
+            f"{len(bad)} non-numeric value(s), e.g. {shown}. Twins do not guess: fix or remove them, "
+            "treat them as missing (CLI: --na-values), or declare the column categorical in the "
+            "schema."
+        )
+    return "categorical", True
+
+
+def _infer_column(spec: ColumnSpec, col: pd.Series, max_levels: int) -> ColumnSpec:
+    name = spec.name
+    kw = dataclasses.asdict(spec)
+    kw["levels"] = spec.levels
+    inferred = list(spec.inferred)
+    if spec.dtype is None:
+        kw["dtype"] = "category" if isinstance(col.dtype, pd.CategoricalDtype) else _dtype_name(col.dtype)
+        spec = ColumnSpec(**kw)
+    if spec.is_complete:
+        return spec
+    all_missing = bool(col.isna().all())
+    if all_missing:
+        raise TwinInputError(
+            f"Column {name!r} is entirely missing: nothing can be learnt about it. Drop the column, "
+            "or describe it completely in the schema (kind, levels or bounds, nullable: true)."
+        )
+    kind = spec.kind
+    if kind is None:
+        kind, looked = _infer_kind(name, col)
+        kw["kind"] = kind
+        if looked:
+            inferred.append("kind")
+    if spec.nullable is None:
+        kw["nullable"] = bool(col.isna().any())
+        inferred.append("nullable")
+    present = col.dropna()
+    if kind == "categorical" and spec.levels is None:
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            levels = [_jsonable(v) for v in col.cat.categories.tolist()]
+            kw["ordered"] = bool(col.cat.ordered)
+        else:
+            uniq = present.unique().tolist()
+            uniq = [_jsonable(v) for v in uniq]
+            try:
+                levels = sorted(uniq)
+            except TypeError:
+                levels = sorted(uniq, key=str)
+        if len(levels) > max_levels:
+            raise TwinInputError(
+                f"Column {name!r} has {len(levels)} distinct values, more than max_levels={max_levels}. "
+                "A categorical with this many levels cannot be learnt usefully under differential "
+                "privacy, and its list of levels would reveal rare values (identifiers, free text). "
+                "Drop the column, group its values into fewer categories, or declare its levels in "
+                "the schema."
+            )
+        kw["levels"] = tuple(levels)
+        inferred.append("levels")
+    if kind in ("real", "count") and (spec.lower is None or spec.upper is None):
+        x = _numeric_values(name, present)
+        if spec.lower is None:
+            kw["lower"] = float(np.min(x))
+            inferred.append("lower")
+        if spec.upper is None:
+            kw["upper"] = float(np.max(x))
+            inferred.append("upper")
+        if kind == "count":
+            kw["lower"] = float(math.floor(kw["lower"]))
+            kw["upper"] = float(math.ceil(kw["upper"]))
+    if spec.distribution is None:
+        if kind == "categorical":
+            kw["distribution"] = "categorical"
+        elif kind == "boolean":
+            kw["distribution"] = "bernoulli"
+        elif kind == "count" and kw["upper"] - kw["lower"] <= POISSON_MAX_RANGE:
+            kw["distribution"] = "poisson"
+        else:
+            # log scale for non-negative columns whose median is in the lowest tenth of the range
+            lo, hi = kw["lower"], kw["upper"]
+            dist_ = "normal"
+            if lo >= 0 and hi > lo:
+                x = _numeric_values(name, present)
+                med = float(np.median(np.clip(x, lo, hi)))
+                if med - lo < 0.1 * (hi - lo):
+                    dist_ = "lognormal"
+                inferred.append("distribution")
+            kw["distribution"] = dist_
+    kw["inferred"] = tuple(dict.fromkeys(inferred))
+    return ColumnSpec(**kw)
+
+
+def infer_schema(
+    data: pd.DataFrame,
+    schema: Optional[Union[Schema, Mapping, Sequence[ColumnSpec]]] = None,
+    *,
+    max_levels: int = DEFAULT_MAX_LEVELS,
+    warn: bool = True,
+) -> Schema:
+    """Complete a (possibly empty) schema from the data, warning about what was read.
+
+    Rules, for fields the given schema leaves out:
+
+    * kind from the dtype: ``category`` and text → categorical, ``bool`` →
+      boolean, integer → count, float → real. Text columns whose values are
+      all ``True``/``False`` are boolean, all numbers are real; a text column
+      that is mostly numbers but has some text is an error (no guessing);
+    * ``nullable``: whether the column has any missing value;
+    * ``levels``: a ``category`` dtype's categories, else the sorted distinct
+      values; more than ``max_levels`` is an error;
+    * ``lower``/``upper``: the minimum and maximum (counts: integers);
+    * ``distribution``: ``poisson`` for counts with a range of at most
+      :data:`POISSON_MAX_RANGE`, else ``lognormal`` for non-negative columns
+      whose median is in the lowest tenth of their range, else ``normal``;
+    * ``dtype``: the column's dtype (metadata, not considered private).
+
+    Every field except ``dtype`` that is taken from the data is recorded in the
+    column's ``inferred`` tuple, and listed in a :class:`SchemaInferenceWarning`
+    (if ``warn``): it is **not** covered by the twin's (ε, δ) guarantee. A
+    schema returned by an earlier call keeps its record and raises no new
+    warning.
+
+    :param pandas.DataFrame data: the private table.
+    :param schema: a :class:`Schema` (or its dict form) with the fields known
+        from public information; columns it does not mention are inferred
+        completely. Columns it mentions must exist in ``data``.
+    :param int max_levels: the largest number of levels accepted for a
+        categorical column read from the data (default 50).
+    :param bool warn: issue the warning.
+    :return: a complete :class:`Schema` with the data's columns in order.
+    :raises TwinInputError: on unusable data (no rows or columns, duplicate
+        names, a column entirely missing, too many levels, text in a numeric
+        column, unsupported dtypes).
+
+    **Formal guarantees.** None: this function reads the private data without
+    differential privacy. What it reads is exactly what the returned schema's
+    ``inferred`` fields list (plus the dtypes and the number of rows); nothing
+    else about the data enters a twin except through DP-VI.
+    """
+    if not isinstance(data, pd.DataFrame):
+        raise TypeError(f"Expected data to be a pandas DataFrame, got {type(data).__name__}.")
+    if isinstance(max_levels, bool) or not isinstance(max_levels, (int, np.integer)) or max_levels < 1:
+        raise ValueError(f"Expected max_levels to be an integer >= 1, got max_levels={max_levels!r}.")
+    if data.shape[1] == 0:
+        raise TwinInputError("The data have no columns.")
+    if data.shape[0] == 0:
+        raise TwinInputError("The data have no rows (records).")
+    names = [c if isinstance(c, str) else str(c) for c in data.columns]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise TwinInputError(f"The data have duplicate column names: {dup}.")
+    data = data.set_axis(names, axis=1)
+    if schema is None:
+        given = {}
+    else:
+        if isinstance(schema, Mapping):
+            schema = Schema.from_dict(schema)
+        elif not isinstance(schema, Schema):
+            schema = Schema(tuple(schema))
+        unknown = [n for n in schema.names if n not in names]
+        if unknown:
+            raise TwinInputError(f"The schema describes column(s) {unknown} that are not in the data.")
+        given = {c.name: c for c in schema.columns}
+    specs = []
+    for n in names:
+        spec = given.get(n, ColumnSpec(n))
+        specs.append(_infer_column(spec, data[n], max_levels))
+    result = Schema(tuple(specs))
+    # warn about what THIS call read (a schema inferred earlier keeps its record, no new warning)
+    before = {c.name: set(c.inferred) for c in schema.columns} if schema is not None else {}
+    new = {c.name: tuple(f for f in c.inferred if f not in before.get(c.name, ()))
+           for c in result.columns}
+    new = {k: v for k, v in new.items() if v}
+    if warn and new:
+        warnings.warn(inference_message(result, new), SchemaInferenceWarning, stacklevel=2)
+    return result
+
+
+def inference_message(schema: Schema, fields: Optional[Mapping[str, Sequence[str]]] = None) -> str:
+    """The text of the :class:`SchemaInferenceWarning` for ``schema``.
+
+    :param Schema schema: the inferred schema.
+    :param fields: ``{column: fields read}`` to report (default: ``schema.inferred_fields()``).
+    """
+    if fields is None:
+        fields = schema.inferred_fields()
+    groups = {"bounds": [], "levels": [], "nullable": [], "distribution": [], "kind": []}
+    for name, read in fields.items():
+        c = schema[name]
+        if "lower" in read or "upper" in read:
+            lo = f"{c.lower:g}" if "lower" in read else "given"
+            hi = f"{c.upper:g}" if "upper" in read else "given"
+            groups["bounds"].append(f"{name!r} [{lo}, {hi}]")
+        if "levels" in read:
+            groups["levels"].append(f"{name!r} ({c.num_levels} levels)")
+        if "nullable" in read:
+            groups["nullable"].append(f"{name!r}" + (" (has missing values)" if c.nullable else ""))
+        if "distribution" in read:
+            groups["distribution"].append(f"{name!r} ({c.distribution})")
+        if "kind" in read:
+            groups["kind"].append(f"{name!r} ({c.kind})")
+    labels = {
+        "bounds": "bounds (minimum and maximum) of",
+        "levels": "category levels of",
+        "nullable": "whether values are missing in",
+        "distribution": "distribution choice (from the median) of",
+        "kind": "kind (from the values) of",
+    }
+    parts = [f"{labels[k]} {', '.join(v)}" for k, v in groups.items() if v]
+    return (
+        "Schema information was read from the private data WITHOUT differential privacy; it is "
+        "released with the twin, outside its (epsilon, delta) guarantee: "
+        + "; ".join(parts)
+        + ". Supply these from public knowledge in an explicit schema (d3p.twin.Schema, "
+        "CLI --schema) to avoid the leak."
+    )

@@ -1,0 +1,166 @@
+"""Tests of the twin command line (``python -m d3p.twin`` / ``python -m d3p twin``).
+
+Bad input: a clear message on stderr, exit status 2, no traceback, no output
+files, the input untouched. One full in-process run checks the outputs.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from d3p.twin.cli import EXIT_BAD_INPUT, add_twin_subparser, main
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def write_csv(path, frame):
+    frame.to_csv(path, index=False)
+    return str(path)
+
+
+def good_frame(n=120, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n)
+    return pd.DataFrame({
+        "x": x,
+        "k": rng.poisson(2, n),
+        "flag": x > 0,
+        "colour": rng.choice(["red", "green", "blue"], n),
+    })
+
+
+def run_main(args, capsys):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_full_run_writes_outputs_and_summary(tmp_path, capsys):
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    before = sha256(inp)
+    out_csv, rep, mod = tmp_path / "out.csv", tmp_path / "report", tmp_path / "model"
+    code, out, err = run_main([inp, out_csv, "--epsilon", "1", "--steps", "10", "--components", "2",
+                               "--seed", "3", "--num-synthetic", "77", "--report-dir", rep,
+                               "--save-model", mod, "--target", "flag", "--no-progress"], capsys)
+    assert code == 0, err
+    assert sha256(inp) == before
+    syn = pd.read_csv(out_csv)
+    assert list(syn.columns) == ["x", "k", "flag", "colour"] and len(syn) == 77
+    assert set(syn.colour) <= {"red", "green", "blue"} and syn.flag.dtype == bool
+    report = json.loads((rep / "report.json").read_text())
+    assert report["privacy"]["epsilon"] <= 1.0 and report["privacy"]["sigma"] > 0
+    assert len([f for f in os.listdir(rep) if f.endswith(".png")]) == 5
+    assert sorted(os.listdir(mod)) == ["params.npz", "twin.json"]
+    for word in ("epsilon =", "delta =", "sigma =", "steps = 10", "read from the data WITHOUT privacy",
+                 str(out_csv), str(rep), str(mod), "time"):
+        assert word in out, word
+    assert "WARNING" in err  # schema inference warned before the fit
+    # nothing else was left in the directory
+    assert sorted(os.listdir(tmp_path)) == ["in.csv", "model", "out.csv", "report"]
+
+
+def _bad_cases(tmp_path):
+    d = tmp_path
+    empty = d / "empty.csv"
+    empty.write_text("")
+    header_only = d / "header.csv"
+    header_only.write_text("a,b\n")
+    all_missing = write_csv(d / "allmissing.csv", good_frame().assign(x=np.nan))
+    many = write_csv(d / "many.csv", pd.DataFrame({"id": [f"person-{i}" for i in range(2000)],
+                                                   "v": np.arange(2000.0)}))
+    text = good_frame()
+    text["x"] = text["x"].astype(object)
+    text.loc[3, "x"] = "n/a?"
+    text_num = write_csv(d / "text.csv", text)
+    good = write_csv(d / "good.csv", good_frame())
+    return [
+        ("missing file", [d / "nope.csv", d / "o.csv", "--epsilon", "1"], "not found"),
+        ("empty file", [empty, d / "o.csv", "--epsilon", "1"], "is empty"),
+        ("no records", [header_only, d / "o.csv", "--epsilon", "1"], "no rows"),
+        ("column entirely missing", [all_missing, d / "o.csv", "--epsilon", "1"], "entirely missing"),
+        ("thousands of levels", [many, d / "o.csv", "--epsilon", "1"], "2000 distinct values"),
+        ("text in numeric column", [text_num, d / "o.csv", "--epsilon", "1"], "non-numeric"),
+        ("output is input", [good, good, "--epsilon", "1"], "is the input file"),
+        ("bad schema file", [good, d / "o.csv", "--epsilon", "1", "--schema", d / "none.json"], "not found"),
+        ("unknown target", [good, d / "o.csv", "--epsilon", "1", "--target", "zzz"], "not a column"),
+        ("output dir missing", [good, d / "no" / "o.csv", "--epsilon", "1"], "does not exist"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_bad_input_clear_error_no_output(tmp_path, capsys, case):
+    name, args, words = _bad_cases(tmp_path)[case]
+    inputs = {p: sha256(tmp_path / p) for p in os.listdir(tmp_path)}
+    code, out, err = run_main(args, capsys)
+    assert code == EXIT_BAD_INPUT, name
+    assert words in err and err.startswith("d3p twin: error:"), (name, err)
+    assert "Traceback" not in err + out
+    assert {p: sha256(tmp_path / p) for p in os.listdir(tmp_path)} == inputs, name  # no output, input intact
+
+
+@pytest.mark.parametrize("eps", ["0", "-1", "nan", "abc"])
+def test_epsilon_must_be_positive(tmp_path, capsys, eps):
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    with pytest.raises(SystemExit) as e:
+        main([inp, str(tmp_path / "o.csv"), "--epsilon", eps])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "epsilon" in err and "Traceback" not in err
+    assert os.listdir(tmp_path) == ["in.csv"]
+
+
+def test_existing_output_needs_overwrite(tmp_path, capsys):
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    (tmp_path / "o.csv").write_text("keep me")
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1"], capsys)
+    assert code == EXIT_BAD_INPUT and "--overwrite" in err
+    assert (tmp_path / "o.csv").read_text() == "keep me"
+
+
+def test_subparser_registration():
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="d3p")
+    sub = parser.add_subparsers(dest="command")
+    add_twin_subparser(sub)
+    args = parser.parse_args(["twin", "a.csv", "b.csv", "--epsilon", "inf", "--components", "3"])
+    assert args.command == "twin" and args.epsilon == float("inf") and args.components == 3
+    assert args.func.__name__ == "main_twin" and args.command_parser.prog.endswith("twin")
+
+
+def test_module_entry_point_exit_status(tmp_path):
+    """``python -m d3p.twin`` really exits with status 2 and no traceback."""
+    res = subprocess.run([sys.executable, "-m", "d3p.twin", str(tmp_path / "missing.csv"),
+                          str(tmp_path / "o.csv"), "--epsilon", "1"], capture_output=True, text=True)
+    assert res.returncode == EXIT_BAD_INPUT
+    assert "not found" in res.stderr and "Traceback" not in res.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_na_values_turn_text_into_missing(tmp_path, capsys, monkeypatch):
+    """The documented fix for text in a numeric column: --na-values (checked up to the fit)."""
+    import d3p.twin.cli as cli
+
+    frame = good_frame()
+    frame["x"] = frame["x"].astype(object)
+    frame.loc[3, "x"] = "n/a?"
+    inp = write_csv(tmp_path / "in.csv", frame)
+    seen = {}
+
+    def fake_run(args):
+        data = cli._read_csv(args)
+        seen["dtype"], seen["missing"] = str(data["x"].dtype), int(data["x"].isna().sum())
+        return 0
+
+    monkeypatch.setattr(cli, "_run", fake_run)
+    assert main([inp, str(tmp_path / "o.csv"), "--epsilon", "1", "--na-values", "n/a?"]) == 0
+    assert seen == {"dtype": "float64", "missing": 1}

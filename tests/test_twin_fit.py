@@ -1,0 +1,312 @@
+"""Tests of d3p.twin.fit: the fit is DP-VI with the reported sigma, nothing else reads
+the private values, generation keeps the schema, save/load, reports.
+
+One real DP-VI fit (module fixture, small data, few steps) is shared; tests of the
+wiring replace DPSVI.run by a stub that ignores the data.
+"""
+
+import json
+import math
+import os
+import types
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pandas as pd
+import pytest
+
+import d3p.random
+import d3p.svi
+import d3p.twin as twin
+from d3p import accounting, dputil, minibatch
+from d3p.svi import DPSVIRunResult
+from d3p.twin import ColumnSpec, Schema, SchemaInferenceWarning, TwinInputError
+from d3p.twin import inference
+
+
+def small_frame(n=150, seed=0):
+    rng = np.random.default_rng(seed)
+    age = rng.normal(50, 10, n)
+    age[rng.uniform(size=n) < 0.15] = np.nan
+    region = rng.choice(["N", "S", "E"], n).astype(object)
+    region[rng.uniform(size=n) < 0.1] = None
+    smoker = rng.uniform(size=n) < 0.3
+    return pd.DataFrame({
+        "age": age,
+        "visits": rng.poisson(2, n),
+        "smoker": smoker,
+        "region": pd.Series(region, dtype="str"),
+        "grade": pd.Categorical(np.where(smoker, "hi", "lo"), categories=["lo", "hi"]),
+    })
+
+
+def explicit_schema():
+    return Schema((
+        ColumnSpec("age", "real", "float64", True, lower=0.0, upper=100.0, distribution="normal"),
+        ColumnSpec("visits", "count", "int64", False, lower=0, upper=20, distribution="poisson"),
+        ColumnSpec("smoker", "boolean", "bool", False, distribution="bernoulli"),
+        ColumnSpec("region", "categorical", "str", True, levels=("N", "S", "E", "W"), distribution="categorical"),
+        ColumnSpec("grade", "categorical", "category", False, levels=("lo", "hi"), distribution="categorical"),
+    ))
+
+
+EPS = 2.0
+STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    """One real fit, with spies on the noise and on DPSVI.run."""
+    df = small_frame()
+    noise_calls, run_calls = [], []
+    real_noise = d3p.svi.add_gaussian_noise
+    real_run = d3p.svi.DPSVI.run
+
+    def noise_spy(grad_sum, noise_key, dp_scale, clipping_threshold, rng_suite=d3p.random):
+        noise_calls.append((float(dp_scale), float(clipping_threshold), rng_suite))
+        return real_noise(grad_sum, noise_key, dp_scale, clipping_threshold, rng_suite)
+
+    def run_spy(self, rng_key, num_steps, *args, **kwargs):
+        run_calls.append(types.SimpleNamespace(svi=self, num_steps=num_steps, args=args, kwargs=kwargs))
+        return real_run(self, rng_key, num_steps, *args, **kwargs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(d3p.svi, "add_gaussian_noise", noise_spy)
+    mp.setattr(d3p.svi.DPSVI, "run", run_spy)
+    try:
+        with pytest.warns(SchemaInferenceWarning):
+            tw = twin.fit(df, EPS, rng_key=d3p.random.PRNGKey(1), num_components=2, num_steps=STEPS,
+                          q=0.2, progress_bar=False)
+    finally:
+        mp.undo()
+    return types.SimpleNamespace(df=df, twin=tw, noise_calls=noise_calls, run_calls=run_calls)
+
+
+def test_fit_is_dpsvi_with_reported_sigma(fitted):
+    tw, p = fitted.twin, fitted.twin.privacy
+    N = len(fitted.df)
+    assert p["relation"] == "add_remove" and p["sampling"] == "poisson" and p["private"]
+    assert p["num_steps"] == STEPS and p["q"] == 0.2
+    # sigma is the calibration for exactly this (eps, delta, q, T) and relation
+    delta_run = 1.0 / N**2 - p["delta_poisson_overflow"]
+    sigma = dputil.approximate_sigma_remove_relation(EPS, delta_run, 0.2, STEPS)[0]
+    assert p["sigma"] == sigma > 0
+    assert p["delta"] <= 1.0 / N**2 * (1 + 1e-12)
+    assert 0.9 * EPS < p["epsilon"] <= EPS
+    assert p["epsilon"] == pytest.approx(
+        accounting.compute_epsilon(sigma, 0.2, STEPS, delta_run, relation="add_remove"), rel=1e-9)
+    # the noise was drawn with that sigma and C, from the secure suite
+    assert fitted.noise_calls, "add_gaussian_noise was never called"
+    for dp_scale, C, suite in fitted.noise_calls:
+        assert dp_scale == p["sigma"] and C == p["clipping_threshold"] and suite is d3p.random
+    # one DPSVI.run on the encoded data with the matching sampler, from a public init state
+    (call,) = fitted.run_calls
+    assert call.svi.dp_scale == p["sigma"] and call.svi.clipping_threshold == p["clipping_threshold"]
+    assert call.num_steps == STEPS
+    assert call.kwargs["sampling"] == "poisson" and call.kwargs["q"] == 0.2
+    assert call.kwargs["init_state"] is not None
+    (data,) = call.args
+    np.testing.assert_array_equal(np.asarray(data), tw.schema.encode(fitted.df))
+    assert tw.losses.shape == (STEPS,)
+
+
+def test_generate_keeps_schema(fitted):
+    df, tw = fitted.df, fitted.twin
+    syn = tw.generate(400, 0)
+    assert list(syn.columns) == list(df.columns) and len(syn) == 400
+    assert dict(syn.dtypes.astype(str)) == dict(df.dtypes.astype(str))
+    assert list(syn.grade.cat.categories) == ["lo", "hi"]
+    assert set(syn.region.dropna()) <= {"N", "S", "E"}
+    assert syn.visits.min() >= df.visits.min() and syn.visits.max() <= df.visits.max()
+    assert syn.age.dropna().between(np.nanmin(df.age), np.nanmax(df.age)).all()
+    # missing values where (and only where) the input has them
+    for c in df.columns:
+        if df[c].isna().any():
+            assert syn[c].isna().any(), c
+        else:
+            assert not syn[c].isna().any(), c
+    # same key, same table; other key, other table
+    pd.testing.assert_frame_equal(syn, tw.generate(400, 0))
+    assert not syn.equals(tw.generate(400, 1))
+    # jax and d3p keys work too
+    tw.generate(5, d3p.random.PRNGKey(3))
+
+
+def test_save_load_round_trip(fitted, tmp_path):
+    tw = fitted.twin
+    path = tw.save(tmp_path / "twin")
+    assert sorted(os.listdir(path)) == ["params.npz", "twin.json"]
+    with pytest.raises(FileExistsError):
+        tw.save(tmp_path / "twin")
+    loaded = twin.load(path)
+    for key in (0, 7):
+        pd.testing.assert_frame_equal(tw.generate(300, key), loaded.generate(300, key))
+    assert loaded.schema == tw.schema and loaded.privacy == tw.privacy
+    assert loaded.losses is None  # not private, never saved
+    desc = json.loads((tmp_path / "twin" / "twin.json").read_text())
+    assert desc["privacy"]["sigma"] == tw.privacy["sigma"]
+    assert desc["privacy"]["not_covered"]["age"]  # what was read from the data is recorded
+    assert "losses" not in json.dumps(desc)
+    with np.load(tmp_path / "twin" / "params.npz") as z:
+        assert set(z.files) == set(tw.params)
+        n_values = sum(z[k].size for k in z.files)
+    assert n_values < fitted.df.size  # parameters only, no copy of the records
+
+
+def test_report_files(fitted, tmp_path):
+    df, tw = fitted.df, fitted.twin
+    syn = tw.generate(len(df), 0)
+    report = twin.write_report(df, syn, tmp_path / "report", twin=tw, target="smoker")
+    files = sorted(os.listdir(tmp_path / "report"))
+    pngs = [f for f in files if f.endswith(".png")]
+    assert len(pngs) == len(df.columns) + 1 and "correlation_difference.png" in pngs
+    for f in pngs:
+        with open(tmp_path / "report" / f, "rb") as fh:
+            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    text = (tmp_path / "report" / "report.json").read_text()
+    parsed = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    assert parsed == report
+    m = parsed["metrics"]
+    assert set(m["marginal_tv"]) == set(df.columns)
+    assert all(0 <= v <= 1 for v in m["marginal_tv"].values())
+    assert 0 <= m["correlation_mean_abs_difference"] <= 2
+    assert m["baseline"]["mean_marginal_tv"] > 0
+    assert {"train_on_synthetic", "train_on_real", "majority"} <= set(m["classification"])
+    assert parsed["privacy"]["sigma"] == tw.privacy["sigma"]
+    assert "REAL data" in parsed["note"]
+    assert sorted(parsed["files"]) == files
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]  # no temporary leftovers
+
+
+# ------------------------------------------------- wiring, with a stub run
+
+
+@pytest.fixture
+def stub_run(monkeypatch):
+    """Replace DPSVI.run by a stub that ignores the data and returns the initial parameters."""
+    calls = []
+
+    def fake_run(self, rng_key, num_steps, *args, q=None, batch_size=None, sampling="fixed",
+                 target_delta=None, accountant="fourier", init_state=None, **kwargs):
+        N = args[0].shape[0]
+        sampler = (minibatch.PoissonSampler(N, q) if sampling == "poisson"
+                   else minibatch.FixedSizeSampler(N, batch_size))
+        calls.append(types.SimpleNamespace(svi=self, args=args, sampling=sampling, q=q,
+                                           batch_size=batch_size, init_state=init_state))
+        res = DPSVIRunResult(self.get_params(init_state), init_state, jnp.zeros(num_steps))
+        res.epsilon = accounting.compute_epsilon(self.dp_scale, sampler.q, num_steps, target_delta,
+                                                 relation=sampler.relation)
+        res.delta, res.relation, res.sigma = target_delta, sampler.relation, self.dp_scale
+        res.q, res.num_steps = sampler.q, num_steps
+        return res
+
+    monkeypatch.setattr(d3p.svi.DPSVI, "run", fake_run)
+    return calls
+
+
+def test_only_dpsvi_reads_the_private_values(stub_run, tmp_path):
+    """With an explicit schema, two different data sets of the same size give identical
+    twins when DPSVI.run ignores its data: no other path reads the private values."""
+    schema = explicit_schema()
+    a, b = small_frame(seed=1), small_frame(seed=2)
+    assert not a.equals(b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SchemaInferenceWarning)  # nothing read from the data
+        ta = twin.fit(a, 1.0, rng_key=d3p.random.PRNGKey(5), schema=schema, num_steps=10, progress_bar=False)
+        tb = twin.fit(b, 1.0, rng_key=d3p.random.PRNGKey(5), schema=schema, num_steps=10, progress_bar=False)
+    assert ta.privacy["not_covered"] == {}
+    for t, frame, call in ((ta, a, stub_run[0]), (tb, b, stub_run[1])):
+        np.testing.assert_array_equal(np.asarray(call.args[0]), schema.encode(frame))
+    da, db = ta.description(), tb.description()
+    da["fit"].pop("seconds"), db["fit"].pop("seconds")
+    assert da == db
+    for k in ta.params:
+        np.testing.assert_array_equal(ta.params[k], tb.params[k])
+    pd.testing.assert_frame_equal(ta.generate(50, 0), tb.generate(50, 0))
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_sampler_and_accountant_match(stub_run, monkeypatch, sampling):
+    seen = []
+    for name in ("approximate_sigma", "approximate_sigma_remove_relation"):
+        real = getattr(dputil, name)
+        monkeypatch.setattr(dputil, name, lambda *a, _n=name, _r=real, **k: (seen.append((_n, a)), _r(*a, **k))[1])
+    df = small_frame()
+    tw = twin.fit(df, 1.5, 1e-5, rng_key=7, schema=explicit_schema(), num_steps=20, q=0.1,
+                  sampling=sampling, progress_bar=False)
+    (name, (eps, delta, q, T)), = seen
+    call = stub_run[0]
+    if sampling == "poisson":
+        assert name == "approximate_sigma_remove_relation" and call.sampling == "poisson"
+        assert tw.privacy["relation"] == "add_remove" and q == 0.1 == call.q
+    else:
+        B = minibatch.q_to_batch_size(0.1, len(df))
+        assert name == "approximate_sigma" and call.sampling == "fixed" and call.batch_size == B
+        assert tw.privacy["relation"] == "substitute" and q == B / len(df)
+    assert (eps, T) == (1.5, 20) and delta <= 1e-5
+    assert call.svi.dp_scale == tw.privacy["sigma"] > 0
+    assert tw.privacy["epsilon"] <= 1.5
+
+
+def test_epsilon_inf_is_sigma_zero_same_clipping(stub_run):
+    tw = twin.fit(small_frame(), math.inf, rng_key=0, schema=explicit_schema(), num_steps=5,
+                  clipping_threshold=3.0, progress_bar=False)
+    assert stub_run[0].svi.dp_scale == 0.0 and stub_run[0].svi.clipping_threshold == 3.0
+    assert tw.privacy["sigma"] == 0.0 and not tw.privacy["private"] and tw.privacy["epsilon"] == math.inf
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"epsilon": 0.0}, "epsilon"),
+    ({"epsilon": -1.0}, "epsilon"),
+    ({"epsilon": float("nan")}, "epsilon"),
+    ({"rng_key": None}, "rng_key"),
+    ({"delta": 1.5}, "delta"),
+    ({"q": 0.0}, "q"),
+    ({"num_steps": 0}, "num_steps"),
+    ({"sampling": "replacement"}, "sampling"),
+    ({"clipping_threshold": -1.0}, "clipping_threshold"),
+    ({"q": 1.0, "sampling": "poisson"}, "too large for Poisson"),
+])
+def test_fit_argument_errors(kwargs, match):
+    args = {"epsilon": 1.0, "rng_key": 0, "schema": explicit_schema(), "num_steps": 5, "progress_bar": False}
+    args.update(kwargs)
+    df = args.pop("data", small_frame())
+    with pytest.raises(ValueError, match=match):
+        twin.fit(df, **args)
+
+
+# ----------------------------------------------------- user-supplied model
+
+
+def user_model(x=None, *, N, num_records=None):
+    mu = numpyro.sample("mu", dist.Normal(jnp.zeros(2), 1.0).to_event(1))
+    if x is None:
+        with numpyro.plate("data", num_records):
+            return numpyro.sample("x", dist.Normal(mu, 0.3).to_event(1))
+    with numpyro.plate("data", N, subsample_size=x.shape[0]):
+        return numpyro.sample("x", dist.Normal(mu, 0.3).to_event(1), obs=x)
+
+
+def user_guide(x=None, *, N, num_records=None):
+    loc = numpyro.param("mu_loc", jnp.zeros(2))
+    numpyro.sample("mu", dist.Normal(loc, 0.1).to_event(1))
+
+
+def test_user_model_fit_save_load(tmp_path):
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"a": rng.uniform(0, 10, 120), "b": rng.uniform(-1, 1, 120)})
+    schema = Schema((ColumnSpec("a", "real", "float64", False, lower=0, upper=10, distribution="normal"),
+                     ColumnSpec("b", "real", "float64", False, lower=-1, upper=1, distribution="normal")))
+    tw = twin.fit(df, 1.0, rng_key=3, schema=schema, model=user_model, guide=user_guide, num_steps=20,
+                  q=0.2, progress_bar=False)
+    assert tw.model_spec == {"type": "custom", "name": "user_model"}
+    syn = tw.generate(50, 0)
+    assert list(syn.columns) == ["a", "b"] and syn.a.between(0, 10).all()
+    tw.save(tmp_path / "t")
+    with pytest.raises(TwinInputError, match="user-supplied model"):
+        twin.load(tmp_path / "t")
+    loaded = twin.load(tmp_path / "t", model=user_model, guide=user_guide)
+    pd.testing.assert_frame_equal(loaded.generate(50, 0), syn)

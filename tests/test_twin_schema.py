@@ -1,0 +1,437 @@
+"""Tests of d3p.twin: schema inference, JSON round trip, encoding, bad input, metrics, model.
+
+All fast (no DP-VI fit); the fits are in tests/test_twin_fit.py.
+"""
+
+import json
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+import d3p.twin as twin
+from d3p.twin import ColumnSpec, Schema, SchemaInferenceWarning, TwinInputError, infer_schema
+from d3p.twin.model import MixtureModel, MixtureOfProducts
+
+
+def mixed_frame(n=200, seed=0):
+    """A small table with every kind of column and missing values."""
+    rng = np.random.default_rng(seed)
+    age = rng.normal(50, 10, n)
+    age[rng.uniform(size=n) < 0.1] = np.nan
+    region = rng.choice(["N", "S", "E"], n, p=[0.5, 0.3, 0.2]).astype(object)
+    region[rng.uniform(size=n) < 0.1] = None
+    return pd.DataFrame({
+        "age": age,
+        "visits": rng.poisson(3, n),
+        "smoker": rng.uniform(size=n) < 0.3,
+        "region": pd.Series(region, dtype="str"),
+        "grade": pd.Categorical(rng.choice(["lo", "mid", "hi"], n), categories=["lo", "mid", "hi"], ordered=True),
+        "income": rng.lognormal(3, 1, n),
+    })
+
+
+def quiet_infer(df, schema=None, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SchemaInferenceWarning)
+        return infer_schema(df, schema, **kw)
+
+
+# ------------------------------------------------------------------ schema
+
+
+def test_infer_schema_kinds_and_fields():
+    df = mixed_frame()
+    with pytest.warns(SchemaInferenceWarning) as rec:
+        s = infer_schema(df)
+    assert s.names == list(df.columns)
+    kinds = {c.name: c.kind for c in s.columns}
+    assert kinds == {"age": "real", "visits": "count", "smoker": "boolean", "region": "categorical",
+                     "grade": "categorical", "income": "real"}
+    assert s["age"].nullable and s["region"].nullable and not s["visits"].nullable
+    assert s["region"].levels == ("E", "N", "S")
+    assert s["grade"].levels == ("lo", "mid", "hi") and s["grade"].ordered
+    assert s["visits"].distribution == "poisson"
+    assert s["income"].distribution == "lognormal"  # skewed, non-negative
+    assert s["age"].lower == pytest.approx(np.nanmin(df.age)) and s["age"].upper == pytest.approx(np.nanmax(df.age))
+    # the warning names what was read
+    msg = str(rec[0].message)
+    for word in ("'age'", "bounds", "levels", "missing values", "WITHOUT differential privacy"):
+        assert word in msg
+    assert set(s.inferred_fields()["age"]) >= {"lower", "upper", "nullable"}
+
+
+def test_explicit_schema_reads_nothing_and_does_not_warn():
+    df = mixed_frame()
+    full = quiet_infer(df)
+    explicit = Schema(tuple(ColumnSpec.from_dict({k: v for k, v in c.to_dict().items() if k != "inferred"})
+                            for c in full.columns))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SchemaInferenceWarning)
+        s = infer_schema(df, explicit)
+    assert s.inferred_fields() == {}
+    assert s == explicit
+
+
+def test_partial_schema_infers_only_missing_fields():
+    df = mixed_frame()
+    partial = {"columns": [{"name": "age", "kind": "real", "lower": 0, "upper": 120, "nullable": True,
+                            "distribution": "normal"},
+                           {"name": "region", "kind": "categorical", "levels": ["N", "S", "E", "W"]}]}
+    with pytest.warns(SchemaInferenceWarning):
+        s = infer_schema(df, partial)
+    assert "age" not in s.inferred_fields()
+    assert s["age"].lower == 0 and s["age"].upper == 120
+    assert s["region"].levels == ("N", "S", "E", "W")
+    assert s.inferred_fields()["region"] == ("nullable",)
+
+
+def test_schema_json_round_trip(tmp_path):
+    s = quiet_infer(mixed_frame())
+    text = s.to_json()
+    json.loads(text)  # plain JSON
+    assert Schema.from_json(text) == s
+    path = tmp_path / "schema.json"
+    s.save(path)
+    assert Schema.load(path) == s
+    assert Schema.from_dict(s.to_dict()).to_dict() == s.to_dict()
+
+
+def test_encode_decode_round_trip():
+    df = mixed_frame()
+    s = quiet_infer(df)
+    codes = s.encode(df)
+    assert codes.dtype == np.float32 and codes.shape == df.shape
+    assert np.all(np.isnan(codes) == df.isna().to_numpy())
+    back = s.decode(codes)
+    assert list(back.columns) == list(df.columns)
+    assert dict(back.dtypes.astype(str)) == dict(df.dtypes.astype(str))
+    for c in ("visits", "smoker", "region", "grade"):
+        pd.testing.assert_series_equal(back[c], df[c], check_names=True)
+    assert list(back.grade.cat.categories) == ["lo", "mid", "hi"] and back.grade.cat.ordered
+    np.testing.assert_allclose(back.age, df.age, rtol=1e-5)
+    np.testing.assert_allclose(back.income, df.income, rtol=1e-4, atol=1e-4)
+
+
+def test_codes_in_documented_ranges():
+    df = mixed_frame()
+    s = quiet_infer(df)
+    codes = s.encode(df)
+    for j, c in enumerate(s.columns):
+        v = codes[:, j][~np.isnan(codes[:, j])]
+        if c.kind == "categorical":
+            assert set(np.unique(v)) <= set(range(c.num_levels))
+        elif c.kind == "boolean":
+            assert set(np.unique(v)) <= {0.0, 1.0}
+        elif c.distribution == "poisson":
+            assert v.min() >= 0 and v.max() <= c.upper - c.lower
+        else:
+            assert v.min() >= -1 - 1e-6 and v.max() <= 1 + 1e-6
+
+
+def test_user_bounds_clip_values():
+    df = pd.DataFrame({"x": [-5.0, 0.0, 5.0, 50.0]})
+    s = Schema((ColumnSpec("x", "real", "float64", False, lower=0.0, upper=10.0, distribution="normal"),))
+    back = s.decode(s.encode(df))
+    np.testing.assert_allclose(back.x, [0.0, 0.0, 5.0, 10.0], atol=1e-5)
+
+
+def test_boolean_with_missing_and_object_dtype():
+    df = pd.DataFrame({"b": pd.Series([True, None, False, True], dtype=object)})
+    s = quiet_infer(df)
+    assert s["b"].kind == "boolean" and s["b"].nullable and s["b"].dtype == "object"
+    back = s.decode(s.encode(df))
+    assert back.b.tolist()[0] is True and pd.isna(back.b.tolist()[1])
+
+
+# --------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("frame, words", [
+    (pd.DataFrame({"a": [1.0, 2.0], "b": [np.nan, np.nan]}), ["'b'", "entirely missing"]),
+    (pd.DataFrame({"id": [f"user{i}" for i in range(3000)]}), ["'id'", "3000 distinct", "max_levels"]),
+    (pd.DataFrame({"x": pd.Series(["1.5", "2", "abc", "4", "5"], dtype="str")}), ["'x'", "non-numeric", "abc"]),
+    (pd.DataFrame({"a": []}), ["no rows"]),
+    (pd.DataFrame(), ["no columns"]),
+    (pd.DataFrame({"t": pd.to_datetime(["2020-01-01", "2021-01-01"])}), ["'t'", "datetime"]),
+])
+def test_bad_input_clear_errors(frame, words):
+    with pytest.raises(TwinInputError) as e:
+        quiet_infer(frame)
+    for w in words:
+        assert w in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_explicit_schema_bad_values():
+    s = Schema((ColumnSpec("c", "categorical", "object", False, levels=("a", "b"), distribution="categorical"),))
+    with pytest.raises(TwinInputError, match="not among its 2 schema levels"):
+        s.encode(pd.DataFrame({"c": ["a", "zzz"]}))
+    s = Schema((ColumnSpec("n", "count", "float64", False, lower=0, upper=9, distribution="poisson"),))
+    with pytest.raises(TwinInputError, match="non-integer"):
+        s.encode(pd.DataFrame({"n": [1.0, 2.5]}))
+    with pytest.raises(TwinInputError, match="nullable=false"):
+        s.encode(pd.DataFrame({"n": [1.0, np.nan]}))
+    s = Schema((ColumnSpec("r", "real", "object", False, lower=0, upper=9, distribution="normal"),))
+    with pytest.raises(TwinInputError, match="non-numeric"):
+        s.encode(pd.DataFrame({"r": ["1", "x"]}))
+    with pytest.raises(TwinInputError, match="do not match the schema"):
+        s.encode(pd.DataFrame({"other": [1.0]}))
+
+
+@pytest.mark.parametrize("d, match", [
+    ({"name": "a", "kind": "integer"}, "kind"),
+    ({"name": "a", "kind": "real", "lower": 3, "upper": 1}, "lower <= upper"),
+    ({"name": "a", "kind": "real", "distribution": "poisson"}, "distribution"),
+    ({"name": "a", "levels": ["x", "x"]}, "duplicate"),
+    ({"name": "a", "colour": "red"}, "Unknown field"),
+    ({"kind": "real"}, "name"),
+])
+def test_column_spec_validation(d, match):
+    with pytest.raises(TwinInputError, match=match):
+        ColumnSpec.from_dict(d)
+
+
+def test_schema_json_errors(tmp_path):
+    with pytest.raises(TwinInputError, match="not valid JSON"):
+        Schema.from_json("{nope")
+    with pytest.raises(TwinInputError, match="columns"):
+        Schema.from_json('{"cols": []}')
+    with pytest.raises(TwinInputError, match="not found"):
+        Schema.load(tmp_path / "missing.json")
+    with pytest.raises(TwinInputError, match="not in the data"):
+        quiet_infer(pd.DataFrame({"a": [1.0]}), {"columns": [{"name": "b"}]})
+
+
+# ------------------------------------------------------------------- model
+
+
+def _small_dist(seed=0):
+    df = mixed_frame(seed=seed)
+    s = quiet_infer(df)
+    model = MixtureModel(s, 3)
+    L = model.layout
+    rng = np.random.default_rng(seed)
+    K = 3
+    dirichlet = lambda shape: jnp.asarray(rng.dirichlet(np.ones(shape[-1]), size=shape[:-1]), jnp.float32)  # noqa: E731
+    params = {
+        "weights": dirichlet((K,)),
+        "categorical": [dirichlet((K, n + int(nl))) for _, n, nl in L.categorical],
+        "bernoulli": jnp.asarray(rng.uniform(0.1, 0.9, (K, len(L.bernoulli))), jnp.float32),
+        "loc": jnp.asarray(rng.uniform(-0.5, 0.5, (K, len(L.normal))), jnp.float32),
+        "scale": jnp.asarray(rng.uniform(0.1, 0.5, (K, len(L.normal))), jnp.float32),
+        "rate": jnp.asarray(rng.uniform(0.5, 4, (K, len(L.poisson))), jnp.float32),
+        "missing": jnp.asarray(rng.uniform(0.05, 0.3, (K, len(L.missing))), jnp.float32),
+    }
+    return df, s, model, MixtureOfProducts(L, params), params
+
+
+def test_mixture_log_prob_matches_brute_force():
+    df, s, model, d, p = _small_dist()
+    x = s.encode(df)[:20]
+    layout = model.layout
+    got = np.asarray(jax.jit(lambda p, x: MixtureOfProducts(layout, p).log_prob(x))(p, jnp.asarray(x)))
+    L = model.layout
+    want = []
+    for row in x:
+        comps = []
+        for k in range(3):
+            lp = math.log(p["weights"][k])
+            for (j, n, nl), probs in zip(L.categorical, p["categorical"]):
+                idx = n if np.isnan(row[j]) else int(row[j])
+                lp += math.log(probs[k, idx])
+            for i, j in enumerate(L.bernoulli):
+                lp += stats.bernoulli.logpmf(row[j], p["bernoulli"][k, i])
+            for i, j in enumerate(L.normal):  # Normal truncated to the code range [-1, 1]
+                if not np.isnan(row[j]):
+                    loc, sc = float(p["loc"][k, i]), float(p["scale"][k, i])
+                    lp += stats.truncnorm.logpdf(row[j], (-1 - loc) / sc, (1 - loc) / sc, loc, sc)
+            for i, j in enumerate(L.poisson):
+                lp += stats.poisson.logpmf(row[j], p["rate"][k, i])
+            for i, j in enumerate(L.missing):
+                q = float(p["missing"][k, i])
+                lp += math.log(q) if np.isnan(row[j]) else math.log1p(-q)
+            comps.append(lp)
+        want.append(np.logaddexp.reduce(comps))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_mixture_gradients_finite_with_missing_values():
+    df, s, model, d, p = _small_dist()
+    x = jnp.asarray(s.encode(df))
+    assert np.isnan(np.asarray(x)).any()
+    layout = model.layout
+    g = jax.jit(jax.grad(lambda p: MixtureOfProducts(layout, p).log_prob(x).sum()))(p)
+    for leaf in jax.tree.leaves(g):
+        assert np.all(np.isfinite(np.asarray(leaf)))
+
+
+def test_mixture_sample_frequencies():
+    """Samples follow the mixture: chi-square on a categorical column and the missing
+    indicator (accepts the true marginal, rejects a perturbed one)."""
+    df, s, model, d, p = _small_dist(1)
+    n = 40000
+    layout = model.layout
+    x = np.asarray(jax.jit(lambda p, k: MixtureOfProducts(layout, p).sample(k, (n,)))(p, jax.random.PRNGKey(3)))
+    assert x.shape == (n, len(s))
+    w = np.asarray(p["weights"])
+    (j, lev, nl), probs = model.layout.categorical[0], np.asarray(p["categorical"][0])
+    expected = (w @ probs).astype(np.float64)  # marginal over levels (+ missing)
+    expected /= expected.sum()
+    idx = np.where(np.isnan(x[:, j]), lev, x[:, j]).astype(int)
+    counts = np.bincount(idx, minlength=len(expected))
+    assert stats.chisquare(counts, expected * n).pvalue > 1e-3
+    wrong = expected.copy()
+    wrong[0] *= 1.1
+    wrong /= wrong.sum()
+    assert stats.chisquare(counts, wrong * n).pvalue < 1e-6
+    # the Poisson column: mean of the mixture (truncated at the range)
+    jp = model.layout.poisson[0]
+    R = model.layout.poisson_range[0]
+    pm = sum(w[k] * (np.arange(R + 1) * np.r_[stats.poisson.pmf(np.arange(R), p["rate"][k, 0]),
+                                              stats.poisson.sf(R - 1, p["rate"][k, 0])]).sum() for k in range(3))
+    assert abs(x[:, jp].mean() - pm) < 5 * x[:, jp].std() / math.sqrt(n)
+    # missingness of the first nullable numeric column
+    jm = model.layout.missing[0]
+    pmiss = float(w @ np.asarray(p["missing"])[:, 0])
+    assert abs(np.isnan(x[:, jm]).mean() - pmiss) < 5 * math.sqrt(pmiss * (1 - pmiss) / n)
+    # non-nullable columns never missing
+    for jj, c in enumerate(s.columns):
+        if not c.nullable:
+            assert not np.isnan(x[:, jj]).any()
+
+
+# ----------------------------------------------------------------- metrics
+
+
+def test_tv_distance_extremes_and_hand_value():
+    a = pd.DataFrame({"c": ["x", "x", "y", "y"], "v": [0.0, 0.0, 1.0, 1.0]})
+    assert twin.marginal_tv_distances(a, a) == {"c": 0.0, "v": 0.0}
+    b = pd.DataFrame({"c": ["z", "z", "z", "z"], "v": [0.0, 0.0, 0.0, 0.0]})
+    tv = twin.marginal_tv_distances(a, b)
+    assert tv["c"] == 1.0 and tv["v"] == pytest.approx(0.5)
+    c = pd.DataFrame({"c": ["x", "x", "x", None], "v": [0.0, 1.0, np.nan, 1.0]})
+    tv = twin.marginal_tv_distances(a, c, bins=2)
+    # c: real {x: .5, y: .5}, syn {x: .75, missing: .25} -> 0.5 * (.25 + .5 + .25)
+    assert tv["c"] == pytest.approx(0.5)
+    # v: real {bin0: .5, bin1: .5}, syn {bin0: .25, bin1: .5, missing: .25}
+    assert tv["v"] == pytest.approx(0.25)
+
+
+def test_correlation_difference():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=2000)
+    real = pd.DataFrame({"a": x, "b": x + 0.1 * rng.normal(size=2000)})
+    assert twin.correlation_difference(real, real).mean_abs == pytest.approx(0.0, abs=1e-12)
+    indep = pd.DataFrame({"a": rng.normal(size=2000), "b": rng.normal(size=2000)})
+    cd = twin.correlation_difference(real, indep)
+    assert cd.mean_abs == pytest.approx(np.corrcoef(real.a, real.b)[0, 1], abs=0.05)
+    # categoricals are one-hot encoded
+    cat = pd.DataFrame({"a": x, "g": np.where(x > 0, "p", "n")})
+    cd = twin.correlation_difference(cat, cat)
+    assert list(cd.real.columns) == ["a", "g=n", "g=p"] and cd.mean_abs == 0.0
+
+
+def test_train_on_synthetic_accuracy():
+    rng = np.random.default_rng(0)
+    n = 400
+    x = rng.normal(size=n)
+    real = pd.DataFrame({"x": x, "noise": rng.normal(size=n), "y": np.where(x > 0, "pos", "neg")})
+    res = twin.train_on_synthetic_accuracy(real, real, "y")
+    assert res["train_on_synthetic"] > 0.95 and res["train_on_real"] > 0.95
+    flipped = real.assign(y=np.where(x > 0, "neg", "pos"))
+    res = twin.train_on_synthetic_accuracy(real, flipped, "y")
+    assert res["train_on_synthetic"] < 0.1
+    with pytest.raises(ValueError, match="target"):
+        twin.train_on_synthetic_accuracy(real, real, "nope")
+    with pytest.raises(ValueError, match="continuous"):
+        twin.train_on_synthetic_accuracy(real, real, "x")
+
+
+def test_train_on_synthetic_needs_sklearn(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *a, **k):
+        if name == "sklearn" or name.startswith("sklearn."):
+            raise ImportError("no sklearn")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    df = pd.DataFrame({"x": [0.0, 1.0], "y": ["a", "b"]})
+    with pytest.raises(ImportError, match="pip install scikit-learn"):
+        twin.train_on_synthetic_accuracy(df, df, "y")
+
+
+def test_uniform_baseline_has_schema_and_is_worse_than_real():
+    df = mixed_frame(500)
+    s = quiet_infer(df)
+    base = twin.uniform_baseline(s, 500)
+    assert dict(base.dtypes.astype(str)) == dict(df.dtypes.astype(str))
+    m = twin.utility_metrics(df, base, schema=s)
+    assert m["mean_marginal_tv"] == pytest.approx(m["baseline"]["mean_marginal_tv"], abs=0.08)
+    other = mixed_frame(500, seed=1)  # a fresh sample of the same distribution
+    m2 = twin.utility_metrics(df, other, schema=s)
+    assert m2["mean_marginal_tv"] < 0.5 * m2["baseline"]["mean_marginal_tv"]
+    json.dumps(m2, allow_nan=False)
+
+
+@pytest.mark.parametrize("support", ["simplex", "unit_interval", "positive", "real"])
+def test_numpy_transforms_match_numpyro(support):
+    from numpyro.distributions import biject_to, constraints
+
+    from d3p.twin.model import _np_constrain
+
+    c = getattr(constraints, support)
+    x = np.random.default_rng(0).normal(size=(6, 5)) * 3
+    want = np.asarray(biject_to(c)(jnp.asarray(x, jnp.float32)))
+    np.testing.assert_allclose(_np_constrain(x, c), want, rtol=2e-5, atol=1e-6)
+
+
+def test_numpy_sampler_matches_jax_sampler():
+    """The NumPy generator (used by TwinResult.generate) and MixtureOfProducts.sample
+    draw from the same distribution (two-sample tests on every column)."""
+    from d3p.twin.model import mixture_sample_numpy
+
+    df, s, model, d, p = _small_dist(2)
+    n = 20000
+    layout = model.layout
+    xj = np.asarray(jax.jit(lambda p, k: MixtureOfProducts(layout, p).sample(k, (n,)))(p, jax.random.PRNGKey(0)))
+    sites = {"weights": np.asarray(p["weights"])[None],
+             "bernoulli": np.asarray(p["bernoulli"])[None], "loc": np.asarray(p["loc"])[None],
+             "scale": np.asarray(p["scale"])[None], "missing": np.asarray(p["missing"])[None],
+             "log_rate": np.log(np.asarray(p["rate"]) / model.poisson_scale)[None]}
+    for (j, _, _), probs in zip(layout.categorical, p["categorical"]):
+        sites[f"probs_{j}"] = np.asarray(probs)[None]
+    xn = mixture_sample_numpy(model, sites, n, np.random.default_rng(0))[0]
+    for j, c in enumerate(s.columns):
+        a, b = xj[:, j], xn[:, j]
+        assert abs(np.isnan(a).mean() - np.isnan(b).mean()) < 0.02, c.name
+        a, b = a[~np.isnan(a)], b[~np.isnan(b)]
+        if c.kind in ("categorical", "boolean") or c.distribution == "poisson":
+            cells = np.union1d(a, b)
+            table = np.array([[np.sum(a == v) for v in cells], [np.sum(b == v) for v in cells]])
+            assert stats.chi2_contingency(table).pvalue > 1e-4, c.name
+        else:
+            assert stats.ks_2samp(a, b).pvalue > 1e-4, c.name
+
+
+def test_truncated_normal_sampler():
+    """Numeric codes are drawn from the component's Normal truncated to [-1, 1]:
+    a KS test accepts scipy's truncnorm and rejects the untruncated, clipped Normal."""
+    from d3p.twin.model import _truncated_normal_icdf
+
+    loc, scale = 0.7, 0.5
+    u = np.random.default_rng(0).random(20000)
+    x = _truncated_normal_icdf(u, loc, scale, np)
+    assert x.min() >= -1 and x.max() <= 1
+    a, b = (-1 - loc) / scale, (1 - loc) / scale
+    assert stats.kstest(x, stats.truncnorm(a, b, loc, scale).cdf).pvalue > 1e-3
+    clipped = lambda t: np.where(t >= 1, 1.0, stats.norm(loc, scale).cdf(t))  # noqa: E731
+    assert stats.kstest(x, clipped).pvalue < 1e-6
