@@ -704,7 +704,12 @@ class DPSVI(SVI):
 
         result = DPSVIRunResult(self.get_params(svi_state), svi_state, losses)
         result.epsilon = tracker.epsilon(num_steps)
+        # a Poisson batch larger than max_batch_size is truncated: that event's
+        # probability adds to δ (see d3p.minibatch.poisson_overflow_delta)
         result.delta = target_delta
+        if sampling == "poisson":
+            result.delta = min(1.0, target_delta + minibatch.poisson_overflow_delta(
+                N, sampler.q, sampler.max_batch_size, num_steps, result.epsilon))
         result.relation = sampler.relation
         result.sigma = self.dp_scale
         result.q = sampler.q
