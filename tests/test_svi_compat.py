@@ -137,6 +137,9 @@ def _fit(svi, *data, num_steps=200, batch_size=10, seed=0):
 SMALL_NOISE = dict(clipping_threshold=5.0, dp_scale=0.3)
 
 
+SLOW = pytest.mark.slow
+
+
 def _decay(step_size):
     """A step size decaying 10-fold over 200 steps (a schedule, as numpyro optimizers accept):
     large steps first, then small ones that settle near the optimum despite the noise."""
@@ -156,7 +159,7 @@ def _assert_svi_param_shapes(params, model, guide, xs):
 @pytest.mark.parametrize("elbo", [Trace_ELBO, TraceMeanField_ELBO])
 def test_elbos_autonormal_and_predictive(elbo):
     guide = AutoNormal(normal2_model)
-    svi = DPSVI(normal2_model, guide, numpyro.optim.Adam(_decay(0.1)), elbo(), **SMALL_NOISE, N=N)
+    svi = DPSVI(normal2_model, guide, numpyro.optim.Adam(_decay(0.2)), elbo(), **SMALL_NOISE, N=N)
     xs = _data2()
     params = _fit(svi, xs).params
     _assert_svi_param_shapes(params, normal2_model, guide, xs)
@@ -178,7 +181,7 @@ def test_elbos_autonormal_and_predictive(elbo):
 def test_autoguides(guide_class):
     # AutoNormal: in test_elbos_autonormal_and_predictive
     guide = guide_class(normal2_model)
-    svi = DPSVI(normal2_model, guide, numpyro.optim.Adam(_decay(0.1)), Trace_ELBO(), **SMALL_NOISE, N=N)
+    svi = DPSVI(normal2_model, guide, numpyro.optim.Adam(_decay(0.2)), Trace_ELBO(), **SMALL_NOISE, N=N)
     xs = _data2()
     params = _fit(svi, xs).params
     _assert_svi_param_shapes(params, normal2_model, guide, xs)
@@ -189,14 +192,19 @@ def test_autoguides(guide_class):
     "make_optim",
     [
         pytest.param(lambda: numpyro.optim.SGD(_decay(2e-3)), id="numpyro.SGD"),
-        pytest.param(lambda: numpyro.optim.Momentum(_decay(5e-4), 0.9), id="numpyro.Momentum", marks=pytest.mark.slow),
-        pytest.param(lambda: numpyro.optim.RMSProp(_decay(0.05)), id="numpyro.RMSProp", marks=pytest.mark.slow),
-        pytest.param(lambda: numpyro.optim.ClippedAdam(_decay(0.1)), id="numpyro.ClippedAdam", marks=pytest.mark.slow),
-        pytest.param(lambda: jax_optimizers.adam(_decay(0.1)), id="jax.example_libraries.adam", marks=pytest.mark.slow),
-        pytest.param(lambda: optax.adam(0.05), id="optax.adam"),
+        # slow: one compilation each, and nothing new for DPSVI beyond SGD's and Adam's code path
+        pytest.param(lambda: numpyro.optim.Momentum(_decay(5e-4), 0.9), id="numpyro.Momentum", marks=SLOW),
+        pytest.param(lambda: numpyro.optim.RMSProp(_decay(0.05)), id="numpyro.RMSProp", marks=SLOW),
+        pytest.param(lambda: numpyro.optim.ClippedAdam(_decay(0.2)), id="numpyro.ClippedAdam", marks=SLOW),
+        pytest.param(lambda: jax_optimizers.adam(_decay(0.2)), id="jax.example_libraries.adam", marks=SLOW),
+        # optax transformations, passed directly as to numpyro's SVI
+        pytest.param(lambda: optax.adam(optax.exponential_decay(0.2, 200, 0.1)), id="optax.adam"),
         pytest.param(
-            lambda: optax.chain(optax.clip_by_global_norm(1e3), optax.sgd(2e-3)),
+            lambda: optax.chain(
+                optax.clip_by_global_norm(1e3), optax.sgd(optax.exponential_decay(2e-3, 200, 0.1))
+            ),
             id="optax.chain",
+            marks=SLOW,
         ),
     ],
 )
@@ -210,12 +218,12 @@ def test_optimizers(make_optim):
 
 def test_params_in_model_and_guide():
     xs = _data(sd=2.0)
-    svi = DPSVI(param_model, param_guide, numpyro.optim.Adam(_decay(0.1)), Trace_ELBO(), clipping_threshold=10.0,
-                dp_scale=0.3, N=N)
+    svi = DPSVI(param_model, param_guide, numpyro.optim.Adam(_decay(0.2)), Trace_ELBO(),
+                clipping_threshold=10.0, dp_scale=0.3, N=N)
     result = _fit(svi, xs, num_steps=400)
     params = result.params
     assert set(params) == {"log_sigma", "mu_loc", "mu_scale"}
-    assert abs(float(params["mu_loc"]) - xs.mean()) < 0.4
+    assert abs(float(params["mu_loc"]) - xs.mean()) < 0.3
     assert abs(float(params["log_sigma"]) - np.log(xs.std())) < 0.2
     # the constrained guide parameter comes back constrained (as from SVI.get_params)
     assert float(params["mu_scale"]) > 0
@@ -225,7 +233,7 @@ def test_several_observed_sites_under_one_plate():
     xs = _data(seed=1)
     ys = (-2.0 + np.random.default_rng(2).standard_normal(N)).astype(np.float32)
     guide = AutoNormal(two_column_model)
-    svi = DPSVI(two_column_model, guide, numpyro.optim.Adam(_decay(0.1)), Trace_ELBO(), **SMALL_NOISE, N=N)
+    svi = DPSVI(two_column_model, guide, numpyro.optim.Adam(_decay(0.2)), Trace_ELBO(), **SMALL_NOISE, N=N)
     result = _fit(svi, xs, ys)
     median = guide.median(result.params)
     assert abs(float(median["a"]) - xs.mean()) < 0.3
@@ -278,7 +286,8 @@ def test_same_state_same_result_and_keys_change_noise(delta):
     same_noise_again = delta.update(a[0]._replace(rng_key=state.rng_key), batch)[0]
     assert not _trees_equal(get_params(next_step), get_params(same_noise_again))
     # without noise the key does not matter: the differences above are the noise
-    assert _trees_equal(get_params(delta.update0(state, batch)[0]), get_params(delta.update0(other_key, batch)[0]))
+    assert _trees_equal(get_params(delta.update0(state, batch)[0]),
+                        get_params(delta.update0(other_key, batch)[0]))
 
 
 def test_update_in_lax_scan(delta):
@@ -614,4 +623,5 @@ def test_paper_listing_runs():
     predicted = (X[test] @ np.asarray(params["w_loc"])) > 0
     accuracy = np.mean(predicted == (y[test] > 0.5))
     chance = max(y[test].mean(), 1 - y[test].mean())
-    assert accuracy > 0.9 > chance + 0.2, (accuracy, chance)
+    # chance (the majority class) is 0.59 on this split; seeds 0-3 give 0.93-0.95
+    assert chance < 0.65 and accuracy > 0.85, (accuracy, chance)

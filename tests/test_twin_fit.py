@@ -24,7 +24,6 @@ import d3p.twin as twin
 from d3p import accounting, dputil, minibatch
 from d3p.svi import DPSVIRunResult
 from d3p.twin import ColumnSpec, Schema, SchemaInferenceWarning, TwinInputError
-from d3p.twin import inference
 
 
 def small_frame(n=150, seed=0):
@@ -310,3 +309,17 @@ def test_user_model_fit_save_load(tmp_path):
         twin.load(tmp_path / "t")
     loaded = twin.load(tmp_path / "t", model=user_model, guide=user_guide)
     pd.testing.assert_frame_equal(loaded.generate(50, 0), syn)
+
+
+@pytest.mark.slow
+def test_user_model_default_autoguide(tmp_path):
+    """A user model without a guide gets AutoDiagonalNormal; save/load reproduces its samples."""
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame({"a": rng.uniform(0, 10, 100), "b": rng.uniform(-1, 1, 100)})
+    schema = Schema((ColumnSpec("a", "real", "float64", False, lower=0, upper=10, distribution="normal"),
+                     ColumnSpec("b", "real", "float64", False, lower=-1, upper=1, distribution="normal")))
+    tw = twin.fit(df, 1.0, rng_key=4, schema=schema, model=user_model, num_steps=20, q=0.2, progress_bar=False)
+    assert tw.guide_spec == {"type": "AutoDiagonalNormal"} and set(tw.params) == {"auto_loc", "auto_scale"}
+    tw.save(tmp_path / "t")
+    loaded = twin.load(tmp_path / "t", model=user_model)
+    pd.testing.assert_frame_equal(loaded.generate(40, 1), tw.generate(40, 1))

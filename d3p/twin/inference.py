@@ -12,7 +12,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Callable, Dict, Optional, Union
 
 import jax
 import jax.numpy as jnp

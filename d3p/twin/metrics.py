@@ -19,7 +19,7 @@ holder's own evaluation, not for publication.
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 import pandas as pd

@@ -41,7 +41,6 @@ samples ``num_records`` records at site ``"x"`` instead.
 
 from __future__ import annotations
 
-import math
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import jax
