@@ -157,17 +157,16 @@ def _calibrate(
         return scale / lo, _acc._gaussian_epsilon(lo, delta), 1
 
     deadline = time.monotonic() + max_time
-    state = {"evals": 0, "engines": ("package", "exact")}
+    state = {"evals": 0}
 
-    def eps_of(sigma: float) -> float:
-        eps, n, engine, nx = _acc._epsilon_impl(
+    def eps_of(sigma: float, package_check: bool = False) -> float:
+        # the cross-check with the fourier-accountant package is done once,
+        # for the σ that is returned
+        eps, n, _, _ = _acc._epsilon_impl(
             relation, [Phase(sigma, q, num_iter)], delta, accountant,
-            engines=state["engines"], deadline=deadline,
+            deadline=deadline, package_check=package_check,
         )
         state["evals"] += n
-        if engine in ("package", "exact"):
-            # warm start: the engine that verified last time
-            state["engines"] = (engine,) + tuple(e for e in ("package", "exact") if e != engine)
         return eps
 
     # Starting point: central-limit approximation (cheap, closed form).
@@ -220,6 +219,11 @@ def _calibrate(
             w = hi[0] - lo[0]
             u_new = min(max(u_new, lo[0] + 0.05 * w), hi[0] - 0.05 * w)
         u = u_new
+    if hi is not None and accountant == "fourier" and relation == _acc.SUBSTITUTE:
+        # a disagreement with the package turns the value into the RDP bound
+        checked = eps_of(math.exp(hi[0]), package_check=True)
+        if checked > target_eps:
+            hi = None
     if hi is not None:
         return math.exp(hi[0]), hi_eps, state["evals"]
     # No feasible point within the budget: the RDP bound (rigorous, cheap).

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from d3p import accounting
+from d3p.dputil import approximate_sigma
 from d3p.accounting import (
     ADD_REMOVE,
     SUBSTITUTE,
@@ -336,17 +337,49 @@ def test_pld_missing_gives_clear_import_error(monkeypatch):
 
 
 # --------------------------------------------------------------------------
-# internals: the two Fourier engines agree, refinement is honoured
+# internals: the fourier-accountant package cross-check, refinement is honoured
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("relation", RELATIONS)
-def test_engines_agree(relation):
+@pytest.mark.parametrize("sigma,q,steps,delta", [
+    (1.0, 0.01, 2000, 1e-5), (0.8, 0.005, 20000, 1e-6), (3.0, 0.1, 512, 1e-6), (5.0, 0.5, 100, 1e-6),
+    (1.2, 0.02, 10000, 1e-7),
+])
+def test_package_agrees_with_certified_substitute(sigma, q, steps, delta):
+    # the package's public get_delta_S on the certifying grid, at the certified
+    # ε: within the check's tolerance and never far below (same distribution)
+    ph = [Phase(sigma, q, steps)]
+    res = accounting._fourier_certified(SUBSTITUTE, ph, delta=delta)
+    d = accounting._package_delta(SUBSTITUTE, ph, res.value, res.nx, res.L)
+    assert d is not None
+    assert 0.97 * delta <= d <= delta * (1 + accounting._PACKAGE_CHECK_RTOL)
+    assert accounting._package_agrees(SUBSTITUTE, ph, res.value, delta, res.nx, res.L)
+
+
+def test_package_disagreement_falls_back_to_rdp(monkeypatch):
     ph = [Phase(1.0, 0.01, 2000)]
-    a = accounting._fourier_certified(relation, ph, delta=1e-5, engines=("package",))
-    b = accounting._fourier_certified(relation, ph, delta=1e-5, engines=("exact",))
-    assert a.value is not None and b.value is not None
-    assert a.value == pytest.approx(b.value, rel=2e-3)
+    tight = compute_epsilon(1.0, 0.01, 2000, 1e-5, relation=SUBSTITUTE)
+    tight_delta = compute_delta(1.0, 0.01, 2000, tight, relation=SUBSTITUTE)
+    # the package reports a δ 5% above the target at the certified ε
+    monkeypatch.setattr(accounting, "_package_delta", lambda rel, phases, eps, nx, L: 1.05e-5)
+    eps, _, engine, _ = accounting._epsilon_impl(SUBSTITUTE, ph, 1e-5, "fourier")
+    assert engine == "rdp"
+    assert eps == pytest.approx(accounting._rdp_epsilon(SUBSTITUTE, ph, 1e-5)) and eps > 1.02 * tight
+    assert compute_delta(1.0, 0.01, 2000, tight, relation=SUBSTITUTE) > 1.5 * tight_delta
+    # the calibration does not return a σ certified only by the disputed value
+    sigma, eps_s, _ = approximate_sigma(1.0, 1e-5, 0.01, 2000)
+    assert eps_s <= 1.0
+    assert accounting._rdp_epsilon(SUBSTITUTE, [Phase(sigma, 0.01, 2000)], 1e-5) <= 1.0
+    # a package that cannot evaluate is no objection
+    monkeypatch.setattr(accounting, "_package_delta", lambda rel, phases, eps, nx, L: None)
+    assert compute_epsilon(1.0, 0.01, 2000, 1e-5, relation=SUBSTITUTE) == tight
+
+
+def test_package_check_not_applied_under_add_remove(monkeypatch):
+    called = []
+    monkeypatch.setattr(accounting, "_package_delta", lambda *a: called.append(a) or 1.0)
+    tight = compute_epsilon(1.0, 0.01, 2000, 1e-5, relation=ADD_REMOVE)
+    assert not called and tight < accounting._rdp_epsilon(ADD_REMOVE, [Phase(1.0, 0.01, 2000)], 1e-5)
 
 
 def test_unverifiable_grid_falls_back_to_rdp():

@@ -18,6 +18,7 @@ combination is the dominant cost of this file.
 
 import functools
 import inspect
+import math
 from types import SimpleNamespace
 
 import jax
@@ -431,6 +432,25 @@ def test_run_subsamples_outlier_visible_only_in_its_batches(sampling):
     contains = np.array([outlier in np.asarray(indices)[np.asarray(mask)] for indices, mask in batches])
     assert 0 < contains.sum() < T  # the outlier is in some batches, not all
     np.testing.assert_array_equal(np.asarray(result.losses) > 1e5, contains)
+
+
+def test_run_poisson_overflow_probability_adds_to_delta():
+    """A padded size that overflows with non-negligible probability: run's δ is
+    target + (1 + e^ε) T P(K > m), K ~ Binomial(N + 1, q) (computed here with scipy)."""
+    from scipy.stats import binom
+
+    svi = DPSVI(normal_model, AutoNormal(normal_model), numpyro.optim.Adam(0.05), Trace_ELBO(),
+                clipping_threshold=2.0, dp_scale=3.0, N=N_SMALL)
+    xs = _data(n=N_SMALL)
+    T, m, target = 10, 14, 1e-6
+    result = svi.run(d3p.random.PRNGKey(6), T, xs, q=Q_SMALL, sampling="poisson", max_batch_size=m,
+                     target_delta=target, progress_bar=False)
+    p = binom.sf(m, N_SMALL + 1, Q_SMALL)
+    assert 1e-5 < p < 1e-4
+    assert result.delta == pytest.approx(target + (1 + math.exp(result.epsilon)) * T * p, rel=1e-6)
+    assert result.delta > 100 * target
+    assert result.epsilon == pytest.approx(
+        accounting.compute_epsilon(3.0, Q_SMALL, T, target, relation="add_remove"), rel=1e-9)
 
 
 @pytest.mark.parametrize(
