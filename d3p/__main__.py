@@ -5,6 +5,8 @@ Commands:
 
 * ``sigma``: calibrate the noise multiplier σ for a target (ε, δ).
 * ``epsilon``: ε spent by a run with given (σ, q, T, δ).
+* ``twin``: a private synthetic twin of a CSV file (:mod:`d3p.twin`).
+* ``audit``: an empirical lower bound on ε (:mod:`d3p.audit`).
 
 Each command is one ``register_<name>(subparsers)`` function that adds its
 subparser and sets the defaults ``func`` (called as ``func(args, parser)``,
@@ -195,7 +197,6 @@ def register_epsilon(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-#: Functions that register the subcommands, in the order shown by --help.
 def register_twin(subparsers) -> argparse.ArgumentParser:
     """``python -m d3p twin``: a private synthetic twin of a CSV file (:mod:`d3p.twin`)."""
     from d3p.twin.cli import add_twin_subparser
@@ -210,6 +211,7 @@ def register_audit(subparsers) -> argparse.ArgumentParser:
     return add_audit_subparser(subparsers)
 
 
+#: Functions that register the subcommands, in the order shown by --help.
 COMMANDS: List[Callable] = [register_sigma, register_epsilon, register_twin, register_audit]
 
 

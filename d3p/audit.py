@@ -210,6 +210,11 @@ def epsilon_from_rates(tpr, fpr, delta: float) -> np.ndarray:
     Applied to point estimates of the rates this is NOT a confidence bound;
     :func:`epsilon_lower_bound` applies it to confidence bounds instead. It is
     non-decreasing in ``tpr`` and non-increasing in ``fpr``.
+
+    >>> round(float(epsilon_from_rates(0.5, 0.1, delta=0.0)), 4)  # log(0.5 / 0.1)
+    1.6094
+    >>> float(epsilon_from_rates(0.5, 0.0, delta=0.0))
+    inf
     """
     delta = _float("delta", delta, low=0, high=1, high_open=True)
     tpr = np.asarray(tpr, dtype=np.float64)

@@ -91,6 +91,18 @@ def clip_gradient(grad: PyTree, clipping_threshold: float):
     A gradient with any non-finite entry (``nan``, ``inf``) is replaced by
     zeros, so it contributes nothing rather than breaking the bound. A
     gradient with norm at most ``C`` is returned unchanged.
+
+    **Example**
+
+    >>> import jax.numpy as jnp
+    >>> grad = {"w": jnp.array([3.0, 4.0]), "b": jnp.array([0.0])}
+    >>> clipped, norm = clip_gradient(grad, 1.0)
+    >>> float(norm), float(total_norm(clipped))
+    (5.0, 1.0)
+    >>> clipped["w"]
+    Array([0.6, 0.8], dtype=float32)
+    >>> clip_gradient({"w": jnp.array([jnp.nan, 1.0])}, 1.0)[0]["w"].tolist()
+    [0.0, 0.0]
     """
     norm = total_norm(grad)
     finite = jnp.isfinite(norm)
@@ -474,6 +486,11 @@ def noise_std(dp_scale: float, clipping_threshold: float) -> float:
     """Standard deviation of the Gaussian noise per coordinate: ``dp_scale * C``.
 
     ``dp_scale = 0`` gives 0 even for ``C = inf`` (the non-private setting).
+
+    >>> noise_std(1.5, 2.0)
+    3.0
+    >>> noise_std(0.0, float("inf"))
+    0.0
     """
     if dp_scale == 0:
         return 0.0
