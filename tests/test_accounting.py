@@ -370,9 +370,30 @@ def test_package_disagreement_falls_back_to_rdp(monkeypatch):
     sigma, eps_s, _ = approximate_sigma(1.0, 1e-5, 0.01, 2000)
     assert eps_s <= 1.0
     assert accounting._rdp_epsilon(SUBSTITUTE, [Phase(sigma, 0.01, 2000)], 1e-5) <= 1.0
-    # a package that cannot evaluate is no objection
-    monkeypatch.setattr(accounting, "_package_delta", lambda rel, phases, eps, nx, L: None)
+    # a package that cannot evaluate (an exception, or a δ that is not a
+    # probability) is no objection
+    for value in (None, 1e200):
+        monkeypatch.setattr(accounting, "_package_delta", lambda rel, phases, eps, nx, L: value)
+        assert compute_epsilon(1.0, 0.01, 2000, 1e-5, relation=SUBSTITUTE) == tight
+    # a disagreement on the certifying grid that a finer grid resolves is none
+    grids = []
+
+    def coarse_only(rel, phases, eps, nx, L):
+        grids.append(nx)
+        return 2e-5 if len(grids) == 1 else 0.99e-5
+
+    monkeypatch.setattr(accounting, "_package_delta", coarse_only)
     assert compute_epsilon(1.0, 0.01, 2000, 1e-5, relation=SUBSTITUTE) == tight
+    assert len(grids) == 2 and grids[1] == 4 * grids[0]
+
+
+def test_package_check_small_sigma_large_epsilon():
+    # σ = 0.45, q = 0.02, T = 300: the package's density sampling needs a
+    # finer grid than the certifying one (its δ there is 3.6 times the target)
+    eps, _, engine, _ = accounting._epsilon_impl(SUBSTITUTE, [Phase(0.45, 0.02, 300)], 1e-5, "fourier")
+    assert engine == "exact"
+    assert eps == pytest.approx(compute_epsilon(0.45, 0.02, 300, 1e-5, relation=SUBSTITUTE, accountant="pld"),
+                                abs=pld_tol(eps))
 
 
 def test_package_check_not_applied_under_add_remove(monkeypatch):
