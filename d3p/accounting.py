@@ -1018,12 +1018,14 @@ def _epsilon_impl(
     deadline: Optional[float] = None,
     max_nx: int = _FOURIER_MAX_NX,
     package_check: bool = True,
+    grid_out: Optional[dict] = None,
 ):
     """Returns (ε, num_evals, engine, nx) for validated inputs.
 
     ``package_check``: cross-check a certified Fourier ε with the
     fourier-accountant package (substitute relation; see
     :func:`_package_agrees`); on disagreement the RDP bound is returned.
+    ``grid_out``: if a dict, receives ``nx`` and ``L`` of the certifying grid.
     """
     kind, active = _trivial(phases)
     if kind == "zero":
@@ -1040,6 +1042,8 @@ def _epsilon_impl(
                              deadline=deadline, max_nx=max_nx)
     if res.value is None:
         return _rdp_epsilon(relation, active, delta), res.num_evals + 1, "rdp", res.nx
+    if grid_out is not None:
+        grid_out.update(nx=res.nx, L=res.L)
     if package_check and not _package_agrees(relation, active, res.value, delta, res.nx, res.L):
         return _rdp_epsilon(relation, active, delta), res.num_evals + 2, "rdp", res.nx
     return res.value, res.num_evals, res.engine, res.nx

@@ -157,16 +157,19 @@ def _calibrate(
         return scale / lo, _acc._gaussian_epsilon(lo, delta), 1
 
     deadline = time.monotonic() + max_time
-    state = {"evals": 0}
+    state = {"evals": 0, "grids": {}}
 
-    def eps_of(sigma: float, package_check: bool = False) -> float:
+    def eps_of(sigma: float) -> float:
         # the cross-check with the fourier-accountant package is done once,
-        # for the σ that is returned
-        eps, n, _, _ = _acc._epsilon_impl(
+        # for the σ that is returned, on the grid that certified it
+        grid = {}
+        eps, n, engine, _ = _acc._epsilon_impl(
             relation, [Phase(sigma, q, num_iter)], delta, accountant,
-            deadline=deadline, package_check=package_check,
+            deadline=deadline, package_check=False, grid_out=grid,
         )
         state["evals"] += n
+        if engine == "exact":
+            state["grids"][sigma] = grid
         return eps
 
     # Starting point: central-limit approximation (cheap, closed form).
@@ -219,10 +222,11 @@ def _calibrate(
             w = hi[0] - lo[0]
             u_new = min(max(u_new, lo[0] + 0.05 * w), hi[0] - 0.05 * w)
         u = u_new
-    if hi is not None and accountant == "fourier" and relation == _acc.SUBSTITUTE:
-        # a disagreement with the package turns the value into the RDP bound
-        checked = eps_of(math.exp(hi[0]), package_check=True)
-        if checked > target_eps:
+    if hi is not None and math.exp(hi[0]) in state["grids"]:
+        # a disagreement with the package: the RDP calibration below instead
+        grid = state["grids"][math.exp(hi[0])]
+        if not _acc._package_agrees(relation, [Phase(math.exp(hi[0]), q, num_iter)], hi_eps, delta,
+                                    grid["nx"], grid["L"]):
             hi = None
     if hi is not None:
         return math.exp(hi[0]), hi_eps, state["evals"]
