@@ -180,7 +180,8 @@ def main():
     path2 = os.path.join(args.output_dir, "audit_step_scores.png")
     fig.savefig(path2, dpi=120)
     plt.close(fig)
-    print(f"Wrote {path1} and {path2}.")
+    print(f"Wrote {path1}")
+    print(f"Wrote {path2}")
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ def main(argv=None):
     fig.tight_layout()
     path = os.path.join(args.output_dir, "logistic_regression.png")
     fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    print(f"Wrote {path}")
     return {"sigma": sigma, "epsilon": result.epsilon, "accuracy_dp": acc_dp, "accuracy_svi": acc_ref}
 
 
