@@ -2,8 +2,9 @@
 
 Each example is run with ``--quick`` into a temporary directory in a
 subprocess, and the PNGs it promises and the numbers it prints are checked.
-These runs take a few minutes together, so they are marked ``slow`` (run them
-with ``pytest -m slow tests/test_examples.py``); full runs are never tests.
+These runs take a few minutes together, so they carry the ``examples`` marker:
+CI runs them as a separate step (``pytest -m examples``); full runs are never
+tests.
 The default run only checks, cheaply, that every example offers ``--quick``
 and ``--output-dir`` and is documented in ``examples/README.md``.
 
@@ -82,7 +83,7 @@ def test_readme_leaves_the_logistic_regression_section_first():
     assert headings and headings[0].strip() == "Logistic regression"
 
 
-@pytest.mark.slow
+@pytest.mark.examples
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_example_quick_run(script, tmp_path):
     pngs, patterns = CASES[script]

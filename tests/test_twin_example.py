@@ -1,4 +1,4 @@
-"""``examples/twin.py --quick`` runs and writes what it promises (slow: run with ``pytest -m slow``)."""
+"""``examples/twin.py --quick`` runs and writes what it promises (marker ``examples``: ``pytest -m examples``)."""
 
 import os
 import re
@@ -10,7 +10,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.slow
+@pytest.mark.examples
 def test_twin_example_quick(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "twin.py"), "--quick",
