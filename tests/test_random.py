@@ -608,6 +608,118 @@ def test_float64_and_int64_with_x64():
     assert np.all(np.isfinite(n))
 
 
+def test_keystream_in_tiles_is_the_keystream(monkeypatch):
+    # on CPU, long keystreams are generated in tiles of blocks (lax.map); the
+    # words must be the RFC 8439 keystream all the same, across tile borders
+    key = np.arange(8, dtype=np.uint32) * np.uint32(0x01010101)
+    num_words = (2 * chacha._TILE_BLOCKS + 5) * 16 + 3  # above the threshold, uneven tiles
+    tiled = np.asarray(jax.jit(lambda k: chacha._keystream_words(k, num_words))(jnp.asarray(key)))
+    np.testing.assert_array_equal(tiled, _reference_words(key, 0, (0, 0, 0), num_words))
+    monkeypatch.setattr(chacha, "_TILE_BLOCKS", num_words)  # all blocks at once
+    whole = np.asarray(jax.jit(lambda k: chacha._keystream_words(k, num_words))(jnp.asarray(key)))
+    np.testing.assert_array_equal(whole, tiled)
+
+
+def test_normal_in_tiles_is_the_documented_function_of_the_keystream():
+    # long float32 draws on CPU come from a loop over tiles of blocks with the
+    # transform inside; they must be the same function of the same keystream words
+    key = np.arange(8, dtype=np.uint32) * np.uint32(0x01010101) + np.uint32(7)
+    size = (2 * chacha._TILE_BLOCKS + 5) * 8 + 3  # above the threshold, uneven tiles
+    z = np.asarray(jax.jit(lambda k: d3p.random.normal(k, (size,)))(jnp.asarray(key)))
+    words = jnp.asarray(_reference_words(key, 0, (0, 0, 0), 2 * size))
+    expected = np.asarray(jax.jit(chacha._normal_f32)(words[0::2], words[1::2]))
+    np.testing.assert_array_equal(z, expected)
+    # and the same as the untiled computation (all blocks at once)
+    small = np.asarray(jax.jit(lambda k: d3p.random.normal(k, (1000,)))(jnp.asarray(key)))
+    np.testing.assert_array_equal(small, z[:1000])
+
+
+# ---------------------------------------------------------------------------
+# normal: accuracy and tails of the float32 inverse CDF
+
+
+def _normal_exact(h, lo):
+    """The exact magnitude -ndtri(p / 2), p = (h 2**32 + lo + 0.5) / 2**63, in float64,
+    for integer arrays ``h < 2**31`` and ``lo < 2**32`` (erfinv of x = 1 - p near p = 1)."""
+    import scipy.special
+    import scipy.stats
+
+    h, lo = np.asarray(h, np.float64), np.asarray(lo, np.float64)
+    p = (h * 2.0**32 + lo + 0.5) * 2.0**-63
+    x = ((2.0**31 - 1 - h) * 2.0**32 + (2.0**32 - 1 - lo) + 0.5) * 2.0**-63
+    return np.where(p < 0.5, scipy.stats.norm.isf(p / 2), np.sqrt(2) * scipy.special.erfinv(x))
+
+
+def _normal_of_words(monkeypatch, h, lo, negative=False):
+    """d3p.random.normal on crafted keystream words (sign bit, 63 bits of p)."""
+    h, lo = np.asarray(h, np.uint32), np.asarray(lo, np.uint32)
+    words = np.empty(2 * len(h), np.uint32)
+    words[0::2] = (h << np.uint32(1)) | np.uint32(negative)
+    words[1::2] = lo
+    monkeypatch.setattr(chacha, "_keystream_words", lambda key, num_words: jnp.asarray(words[:num_words]))
+    return np.asarray(d3p.random.normal(d3p.random.PRNGKey(0), (len(h),)), np.float64)
+
+
+def test_normal_float32_relative_error_over_the_whole_range(monkeypatch):
+    # 63-bit tail probabilities: uniform ones, log-uniform ones down to the
+    # smallest (the far tails), and the extremes at both ends (p -> 0 and p -> 1)
+    rng = np.random.default_rng(3)
+    n = 1 << 14  # below the tiled path's threshold: the crafted words are used
+    uniform_p = rng.integers(0, 2**63, n, dtype=np.uint64)
+    log_p = np.minimum(np.floor(2.0 ** rng.uniform(0, 63, n)), 2.0**63 - 1).astype(np.uint64)
+    edges = np.array([0, 1, 2, 3, 2**32 - 1, 2**32, 2**62, 2**63 - 2**40, 2**63 - 2, 2**63 - 1], np.uint64)
+    P = np.concatenate([uniform_p, log_p, edges])
+    h, lo = (P >> np.uint64(32)).astype(np.uint32), (P & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    exact = _normal_exact(h, lo)
+    z = _normal_of_words(monkeypatch, h, lo)
+    assert np.all(z >= 0)
+    np.testing.assert_allclose(z, exact, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(_normal_of_words(monkeypatch, h, lo, negative=True), -exact, rtol=1e-6, atol=0)
+    # the largest reachable magnitude, at p = 2**-64: about 9.1553
+    assert abs(z[-len(edges)] - 9.15529) < 1e-4 and exact[-len(edges)] > 9.155
+
+
+@pytest.mark.parametrize("t", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])
+def test_normal_exact_tail_mass_over_all_keystream_words(monkeypatch, t):
+    # The tail mass of the noise is a property of the mapping, not of a sample:
+    # |z| > t exactly for the 63-bit p below a threshold P*, so over all 2**64
+    # keystream words P(|Z| > t) = P* / 2**63. Find P* by bisection (the mapping
+    # decreases in p up to float32 rounding) and compare with 2 sf(t).
+    import scipy.stats
+
+    lo_P, hi_P = 0, 2**63 - 1  # z(lo_P) > t >= z(hi_P)
+    while hi_P - lo_P > 1:
+        mid = (lo_P + hi_P) // 2
+        z = _normal_of_words(monkeypatch, [mid >> 32], [mid & 0xFFFFFFFF])[0]
+        lo_P, hi_P = (mid, hi_P) if z > t else (lo_P, mid)
+    mass = hi_P * 2.0**-63
+    expected = 2 * scipy.stats.norm.sf(t)
+    # z has relative error below 1e-6, so the mass is off by at most about
+    # t**2 * 1e-6 relative, plus one 63-bit step
+    tol = 2e-6 * t**2 * expected + 2.0**-63
+    assert abs(mass - expected) < tol
+    # power: a scale 1 +- 1e-4 (a hundred times the error bound) fails the check,
+    # where the mass spans many 63-bit steps (at t = 9 it is 2 of 2**63)
+    if expected > 1e3 * 2.0**-63:
+        for scale in (1 - 1e-4, 1 + 1e-4):
+            assert abs(mass - 2 * scipy.stats.norm.sf(t / scale)) > tol
+
+
+def test_normal_tail_fractions_beyond_4_and_5_sigma_in_a_large_sample():
+    # 2**24 draws: the counts beyond 4 and 5 must be binomial around n P(|Z| > t)
+    # (within 4.5 standard deviations), while 5% too wide a normal fails
+    import scipy.stats
+
+    n = 1 << 24
+    z = np.abs(np.asarray(jax.jit(lambda k: d3p.random.normal(k, (n,)))(d3p.random.PRNGKey(2024))))
+    assert np.isfinite(z).all()
+    for t in (4.0, 5.0):
+        p = 2 * scipy.stats.norm.sf(t)
+        bound = 4.5 * np.sqrt(n * p * (1 - p))
+        assert abs(np.count_nonzero(z > t) - n * p) < bound, t
+        assert abs(np.count_nonzero(1.05 * z > t) - n * p) > bound, t
+
+
 def test_uniform_stays_in_the_half_open_interval():
     key = d3p.random.PRNGKey(55)
     cases = [
