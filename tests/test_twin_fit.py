@@ -323,3 +323,103 @@ def test_user_model_default_autoguide(tmp_path):
     tw.save(tmp_path / "t")
     loaded = twin.load(tmp_path / "t", model=user_model)
     pd.testing.assert_frame_equal(loaded.generate(40, 1), tw.generate(40, 1))
+
+
+# ------------------------------------------- guide preconditioning, schedule
+
+
+def test_guide_gains_scale_only_the_optimiser_coordinates():
+    """The optimiser sees value / gain (so the gradient times the gain); the
+    parameters, and what is saved and sampled from, are the values themselves."""
+    import jax
+    from numpyro import handlers
+    from numpyro.infer.util import transform_fn
+
+    from d3p.twin.model import MixtureGuide, MixtureModel
+
+    schema = explicit_schema()
+    model = MixtureModel(schema, 2)
+    x0 = jnp.asarray(schema.placeholder_codes(1))
+    for cg, dg in ((1.0, 1.0), (0.5, 4.0)):
+        guide = MixtureGuide(model, continuous_gain=cg, discrete_gain=dg)
+        with handlers.seed(rng_seed=0):
+            tr = handlers.trace(guide).get_trace(x0, N=40)
+        sites = {k: s for k, s in tr.items() if s["type"] == "param"}
+        transforms = {k: dist.biject_to(s["kwargs"]["constraint"]) for k, s in sites.items()}
+        values = {k: s["value"] for k, s in sites.items()}
+        unconstrained = {k: transforms[k].inv(v) for k, v in values.items()}
+        # the constrained values are the parameters (init: locations in (-1, 1),
+        # normal scales at 0.5, discrete sites close to uniform, posterior scales 0.1)
+        back = transform_fn(transforms, unconstrained)
+        for k in values:
+            np.testing.assert_allclose(back[k], values[k], rtol=1e-6, atol=1e-7)
+        assert np.all(np.abs(values["loc_loc"]) < 1) and np.ptp(values["loc_loc"]) > 0  # symmetry broken
+        np.testing.assert_allclose(values["scale_loc"], np.log(0.5), rtol=1e-6)
+        assert np.all(np.abs(values["weights_loc"]) <= 0.1) and np.all(np.abs(values["probs_3_loc"]) <= 0.1)
+        np.testing.assert_allclose(values["loc_scale"], 0.1, rtol=1e-6)
+        for k, s in sites.items():
+            gain = cg if k.split("_")[0] in ("loc", "scale", "log") else dg
+            assert s["kwargs"]["constraint"].gain == gain, k
+            natural = values[k] if k.endswith("_loc") else np.log(values[k])
+            np.testing.assert_allclose(unconstrained[k], natural / gain, rtol=1e-5, atol=1e-6)
+
+        # the gradient the optimiser sees: d f(value) / du = gain * f'(value) for a location,
+        # gain * value * f'(value) for a posterior scale (value = exp(gain * u))
+        grads = jax.grad(lambda u: sum(jnp.sum(jnp.sin(v)) for v in transform_fn(transforms, u).values()))(
+            unconstrained)
+        for k, g in grads.items():
+            gain = sites[k]["kwargs"]["constraint"].gain
+            v = values[k]
+            expected = gain * jnp.cos(v) * (1.0 if k.endswith("_loc") else v)
+            np.testing.assert_allclose(g, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["continuous_gain", "discrete_gain"])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), True])
+def test_guide_gain_errors(name, value):
+    from d3p.twin.model import MixtureGuide, MixtureModel
+
+    with pytest.raises(ValueError, match=name):
+        MixtureGuide(MixtureModel(explicit_schema(), 2), **{name: value})
+
+
+def test_cosine_decay_schedule():
+    from d3p.twin.inference import cosine_decay
+
+    s = cosine_decay(0.2, 100, 0.05)
+    values = np.asarray([float(s(i)) for i in range(0, 151)])
+    assert values[0] == pytest.approx(0.2) and values[50] == pytest.approx(0.2 * (0.05 + 0.95 * 0.5))
+    np.testing.assert_allclose(values[100:], 0.2 * 0.05, rtol=1e-6)
+    assert np.all(np.diff(values[:101]) < 0)
+    for args, match in (((0.0, 10), "learning_rate"), ((0.1, 0), "num_steps"), ((0.1, 10, 1.5), "final_fraction")):
+        with pytest.raises(ValueError, match=match):
+            cosine_decay(*args)
+
+
+def test_fit_records_optimiser_and_gains(fitted, tmp_path):
+    tw = fitted.twin
+    assert tw.fit_info["optimizer"] == "adam, cosine decay to 5%"
+    g = tw.guide_spec
+    assert g["continuous_gain"] == tw.guide.continuous_gain and g["discrete_gain"] == tw.guide.discrete_gain
+    loaded = twin.load(tw.save(tmp_path / "t"))
+    assert (loaded.guide.continuous_gain, loaded.guide.discrete_gain) == (g["continuous_gain"], g["discrete_gain"])
+
+
+def test_default_discrete_gain_from_the_schema():
+    from d3p.twin.model import MixtureGuide, MixtureModel, default_discrete_gain
+
+    def schema(n_real, levels=2):
+        cols = [ColumnSpec(f"r{i}", "real", "float64", False, lower=0.0, upper=1.0, distribution="normal")
+                for i in range(n_real)]
+        cols.append(ColumnSpec("y", "categorical", "str", False, levels=tuple("abcdefgh"[:levels]),
+                               distribution="categorical"))
+        return Schema(tuple(cols))
+
+    # sqrt(D_continuous / D_discrete), clipped to [1, 10]
+    assert default_discrete_gain(MixtureModel(schema(30), 3)) == pytest.approx(6.0)  # sqrt(180 / (2 + 3))
+    assert default_discrete_gain(MixtureModel(schema(1000), 3)) == 10.0
+    assert default_discrete_gain(MixtureModel(schema(1, levels=8), 3)) == 1.0
+    assert default_discrete_gain(MixtureModel(explicit_schema(), 2)) == 1.0
+    model = MixtureModel(schema(30), 3)
+    assert MixtureGuide(model).discrete_gain == pytest.approx(6.0)
+    assert MixtureGuide(model, discrete_gain=2.5).discrete_gain == 2.5

@@ -108,7 +108,7 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--num-synthetic", type=_positive_int, default=None, metavar="N",
                         help="number of synthetic records (default: as many as the input)")
     parser.add_argument("--components", type=_positive_int, default=None, metavar="K",
-                        help="mixture components (default: max(2, min(8, N // 1000)))")
+                        help="mixture components (default: max(3, min(8, N // 1000)))")
     parser.add_argument("--steps", type=_positive_int, default=None, metavar="T",
                         help="DP-VI steps (default: 50 epochs, between 200 and 2000)")
     parser.add_argument("--q", type=_q, default=None,
@@ -118,7 +118,7 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--clip", type=_positive_float, default=None, metavar="C",
                         help="clipping threshold of per-record gradients (default 1.0)")
     parser.add_argument("--learning-rate", type=_positive_float, default=None, metavar="LR",
-                        help="Adam learning rate (default 0.05)")
+                        help="initial Adam step size, decaying (cosine) to 5%% of it (default 0.05)")
     parser.add_argument("--schema", default=None, metavar="schema.json",
                         help="JSON schema with public column information (levels, bounds, nullable); "
                              "fields it leaves out are read from the data, with a warning")

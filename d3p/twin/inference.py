@@ -27,19 +27,55 @@ import d3p.random
 from d3p import dputil, minibatch
 from d3p.svi import DPSVI
 from d3p.twin._io import atomic_directory
-from d3p.twin.model import MixtureGuide, MixtureModel, guide_sample_numpy, mixture_sample_numpy
+from d3p.twin.model import DEFAULT_CONTINUOUS_GAIN, MixtureGuide, MixtureModel, guide_sample_numpy, mixture_sample_numpy
 from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, TwinInputError, infer_schema
 from d3p.version import VERSION
 
-__all__ = ["fit", "TwinResult", "load", "default_num_steps", "default_q", "FORMAT"]
+__all__ = ["fit", "TwinResult", "load", "default_num_steps", "default_q", "cosine_decay", "FORMAT"]
 
 #: Name of the saved-twin format (``twin.json`` field ``format``).
 FORMAT = "d3p-twin"
 _FORMAT_VERSION = 1
 #: Default clipping threshold C of the per-record gradients.
 DEFAULT_CLIPPING_THRESHOLD = 1.0
-#: Default Adam learning rate.
+#: Default Adam learning rate (the initial step size; see :func:`cosine_decay`).
 DEFAULT_LEARNING_RATE = 0.05
+#: The default step size decays (cosine) to this fraction of the learning rate.
+DEFAULT_FINAL_LEARNING_RATE_FRACTION = 0.05
+
+
+def cosine_decay(learning_rate: float, num_steps: int, final_fraction: float = DEFAULT_FINAL_LEARNING_RATE_FRACTION):
+    """Step-size schedule ``i -> learning_rate * (f + (1 - f) * (1 + cos(pi * i / T)) / 2)``
+    (``f = final_fraction``, ``T = num_steps``; constant after step T): large steps
+    while the parameters travel, small ones at the end, where under DP the last
+    iterate would otherwise keep jumping with the noise.
+
+    :param float learning_rate: the initial step size, > 0.
+    :param int num_steps: T >= 1.
+    :param float final_fraction: f in [0, 1] (default 0.05).
+    :return: the schedule, a function of the (traced) step number, for
+        ``numpyro.optim.Adam(schedule)``.
+
+    .. doctest::
+
+        >>> from d3p.twin.inference import cosine_decay
+        >>> schedule = cosine_decay(0.1, 100)
+        >>> [round(float(schedule(i)), 5) for i in (0, 50, 100, 1000)]
+        [0.1, 0.0525, 0.005, 0.005]
+    """
+    if isinstance(learning_rate, bool) or not (math.isfinite(float(learning_rate)) and float(learning_rate) > 0):
+        raise ValueError(f"Expected learning_rate > 0 and finite, got learning_rate={learning_rate!r}.")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
+        raise ValueError(f"Expected num_steps to be an integer >= 1, got num_steps={num_steps!r}.")
+    if not (0.0 <= float(final_fraction) <= 1.0):
+        raise ValueError(f"Expected final_fraction in [0, 1], got final_fraction={final_fraction!r}.")
+    lr, T, f = float(learning_rate), float(num_steps), float(final_fraction)
+
+    def schedule(i):
+        t = jnp.minimum(i, T) / T
+        return lr * (f + (1.0 - f) * 0.5 * (1.0 + jnp.cos(jnp.pi * t)))
+
+    return schedule
 
 
 def default_q(num_records: int) -> float:
@@ -306,7 +342,10 @@ class TwinResult:
         if guide is None and gspec.get("type") == "MixtureGuide":
             if not isinstance(model, MixtureModel):
                 raise TwinInputError("A MixtureGuide needs the default MixtureModel.")
-            guide = MixtureGuide(model, gspec.get("init_scale", 0.1), gspec.get("learn_scale", True))
+            # (the gains only scale the optimiser's coordinates: generation does not use them)
+            guide = MixtureGuide(model, gspec.get("init_scale", 0.1), gspec.get("learn_scale", True),
+                                 continuous_gain=gspec.get("continuous_gain", DEFAULT_CONTINUOUS_GAIN),
+                                 discrete_gain=gspec.get("discrete_gain"))
         if guide is None:
             if gspec.get("type") != "AutoDiagonalNormal":
                 raise TwinInputError(
@@ -382,7 +421,8 @@ def fit(
     :param float q: sampling probability (default :func:`default_q`).
     :param str sampling: ``"poisson"`` (default) or ``"fixed"``.
     :param float clipping_threshold: C (default 1.0).
-    :param float learning_rate: Adam step size (default 0.05).
+    :param float learning_rate: initial Adam step size (default 0.05), decaying
+        with :func:`cosine_decay` to 5% at step T.
     :param optimizer: instead of Adam, any optimizer :class:`DPSVI` accepts (a
         NumPyro optimizer or an optax transformation); ``learning_rate`` is then unused.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"``.
@@ -477,13 +517,14 @@ def fit(
     if guide is None:
         guide = MixtureGuide(model) if isinstance(model, MixtureModel) else AutoDiagonalNormal(model)
     if isinstance(guide, MixtureGuide):
-        guide_spec = {"type": "MixtureGuide", "init_scale": guide.init_scale, "learn_scale": guide.learn_scale}
+        guide_spec = {"type": "MixtureGuide", "init_scale": guide.init_scale, "learn_scale": guide.learn_scale,
+                      "continuous_gain": guide.continuous_gain, "discrete_gain": guide.discrete_gain}
     elif type(guide) is AutoDiagonalNormal:
         guide_spec = {"type": "AutoDiagonalNormal"}
     else:
         guide_spec = {"type": "custom", "name": getattr(guide, "__qualname__", type(guide).__name__)}
 
-    optim = numpyro.optim.Adam(learning_rate) if optimizer is None else optimizer
+    optim = numpyro.optim.Adam(cosine_decay(learning_rate, num_steps)) if optimizer is None else optimizer
     svi = DPSVI(model, guide, optim, Trace_ELBO(),
                 clipping_threshold=float(clipping_threshold), dp_scale=float(sigma), N=N)
     init_key, run_key = d3p.random.split(key, 2)
@@ -528,7 +569,7 @@ def fit(
         "sampling": sampling,
         "learning_rate": float(learning_rate),
         "clipping_threshold": float(clipping_threshold),
-        "optimizer": "adam" if optimizer is None else type(optimizer).__name__,
+        "optimizer": "adam, cosine decay to 5%" if optimizer is None else type(optimizer).__name__,
         "seconds": round(time.monotonic() - t0, 3),
     }
     return TwinResult(schema, model, guide, result.params, num_records=N, model_spec=model_spec,
