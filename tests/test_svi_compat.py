@@ -465,7 +465,7 @@ def test_run_result_progress_bar_epsilon_and_continuation(sampling, relation, co
     svi = DPSVI(normal_model, AutoNormal(normal_model), numpyro.optim.Adam(0.05), Trace_ELBO(),
                 clipping_threshold=2.0, dp_scale=1.0, N=N_SMALL)
     xs = _data(n=N_SMALL)
-    key, T = d3p.random.PRNGKey(4), 20
+    key, T = d3p.random.PRNGKey(4), 23  # with the bar: 11 chunks of 2 steps and one of 1
     without = svi.run(key, T, xs, progress_bar=False, **_run_kwargs(sampling))
     results = [without]
     if compare_bar:  # the tqdm loop and the lax.scan give the same run
