@@ -577,7 +577,7 @@ class DPSVI(SVI):
         step, with the sampler the privacy accounting assumes:
 
         - ``sampling="fixed"`` (default): ``batch_size`` distinct records, uniformly
-          (:class:`d3p.minibatch.FixedSizeSampler`, Feistel); relation: substitute.
+          (:class:`d3p.minibatch.FixedSizeSampler`, exactly uniform); relation: substitute.
         - ``sampling="poisson"``: each record independently with probability ``q``,
           padded to ``max_batch_size`` with a mask
           (:class:`d3p.minibatch.PoissonSampler`); relation: add/remove.
