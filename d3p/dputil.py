@@ -157,7 +157,7 @@ def _calibrate(
         return scale / lo, _acc._gaussian_epsilon(lo, delta), 1
 
     deadline = time.monotonic() + max_time
-    state = {"evals": 0, "grids": {}}
+    state = {"evals": 0, "grid": None}
 
     def eps_of(sigma: float) -> float:
         # the cross-check with the fourier-accountant package is done once,
@@ -168,8 +168,7 @@ def _calibrate(
             deadline=deadline, package_check=False, grid_out=grid,
         )
         state["evals"] += n
-        if engine == "exact":
-            state["grids"][sigma] = grid
+        state["grid"] = grid if engine == "exact" else None
         return eps
 
     # Starting point: central-limit approximation (cheap, closed form).
@@ -185,7 +184,7 @@ def _calibrate(
     # Search on u = log σ for g(u) = log(ε(σ) / target) = 0, aiming slightly
     # below the target; keep a bracket [lo (infeasible), hi (feasible)].
     lo = hi = None          # (u, g)
-    hi_eps = None
+    hi_eps = hi_grid = None
     pts = []
     u = math.log(s0)
     for _ in range(max_evals):
@@ -194,7 +193,7 @@ def _calibrate(
         pts.append((u, g))
         if g <= 0:
             if hi is None or u < hi[0]:
-                hi, hi_eps = (u, g), e
+                hi, hi_eps, hi_grid = (u, g), e, state["grid"]
         else:
             if lo is None or u > lo[0]:
                 lo = (u, g)
@@ -222,11 +221,10 @@ def _calibrate(
             w = hi[0] - lo[0]
             u_new = min(max(u_new, lo[0] + 0.05 * w), hi[0] - 0.05 * w)
         u = u_new
-    if hi is not None and math.exp(hi[0]) in state["grids"]:
+    if hi is not None and hi_grid is not None:
         # a disagreement with the package: the RDP calibration below instead
-        grid = state["grids"][math.exp(hi[0])]
         if not _acc._package_agrees(relation, [Phase(math.exp(hi[0]), q, num_iter)], hi_eps, delta,
-                                    grid["nx"], grid["L"]):
+                                    hi_grid["nx"], hi_grid["L"]):
             hi = None
     if hi is not None:
         return math.exp(hi[0]), hi_eps, state["evals"]
