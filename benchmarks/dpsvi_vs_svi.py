@@ -206,14 +206,17 @@ class Config:
             jax.block_until_ready(self.state)
         self.rss_growth = _maxrss_bytes() - rss0
 
-    def run(self, steps, max_seconds=2.0):
-        """``steps`` steps, or fewer (at least one) once ``max_seconds`` have passed."""
+    def run(self, steps, max_seconds=2.0, min_seconds=0.25):
+        """``steps`` steps, or fewer (at least one) once ``max_seconds`` have
+        passed, or more until ``min_seconds`` have passed (so that a round of
+        sub-millisecond steps has enough of them for a stable median)."""
         if not self.execute:
             return
         start = time.perf_counter()
         times = []
-        for _ in range(steps):
-            if times and time.perf_counter() - start > max_seconds:
+        while True:
+            elapsed = time.perf_counter() - start
+            if times and (elapsed > max_seconds or (len(times) >= steps and elapsed >= min_seconds)):
                 break
             t = time.perf_counter()
             self.state, self.loss = self.compiled(self.state, *self.batch)

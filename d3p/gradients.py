@@ -516,9 +516,19 @@ def add_gaussian_noise(
     and composition is what :mod:`d3p.accounting` computes. The noise does not
     depend on the data, the mask or the number of real records.
     """
-    flat, unravel = ravel_pytree(grad_sum)
     std = noise_std(dp_scale, clipping_threshold)
-    if std == 0.0:
+    leaves, treedef = jax.tree.flatten(grad_sum)
+    if std == 0.0 or not leaves:
         return grad_sum
-    noise = rng_suite.normal(noise_key, flat.shape, flat.dtype if flat.dtype != jnp.float16 else jnp.float32)
-    return unravel(flat + noise.astype(flat.dtype) * np.asarray(std, flat.dtype))
+    # the values of ravel_pytree(grad_sum) + noise, unravelled, without
+    # forming the flat vector: each leaf adds its own slice of the one draw
+    dtype = jnp.result_type(*leaves)
+    sizes = [int(np.size(x)) for x in leaves]
+    noise = rng_suite.normal(noise_key, (sum(sizes),), dtype if dtype != jnp.float16 else jnp.float32)
+    noise = noise.astype(dtype) * np.asarray(std, dtype)
+    out, start = [], 0
+    for leaf, size in zip(leaves, sizes):
+        z = lax.slice_in_dim(noise, start, start + size).reshape(jnp.shape(leaf))
+        out.append((jnp.asarray(leaf, dtype) + z).astype(jnp.result_type(leaf)))
+        start += size
+    return jax.tree.unflatten(treedef, out)

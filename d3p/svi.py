@@ -23,6 +23,7 @@ from numpyro.optim import Minimize
 import d3p.random
 from d3p import gradients
 from d3p.gradients import add_gaussian_noise, clipped_grad_sum
+from d3p.random import _threefry
 
 __all__ = ["DPSVI", "DPSVIState", "DPSVIRunResult"]
 
@@ -321,6 +322,7 @@ class DPSVI(SVI):
 
         def record_loss(params, record):
             key, leaves = record
+            key = _threefry.fast_key(key)
             leaves = [jnp.expand_dims(x, 0) if p else None for x, p in zip(leaves, per_record)]
             args, kwargs = rebuild(leaves)
             constrained = self.constrain_fn(params)
@@ -388,7 +390,14 @@ class DPSVI(SVI):
                 )
 
         jax_key = self.rng_suite.convert_to_jax_rng_key(grad_key)
-        record_keys = jax.random.split(jax_key, max(B, 1))[:B]
+        # the Monte Carlo keys of the records: as jax.random.split(jax_key, B),
+        # computed without Threefry's rolled loops (see d3p.random._threefry);
+        # kept as raw key data so that strategies can pad and chunk them
+        record_keys = jax.random.split(_threefry.fast_key(jax_key), max(B, 1))[:B]
+        if jnp.issubdtype(record_keys.dtype, jax.dtypes.prng_key) and not jnp.issubdtype(
+            jax_key.dtype, jax.dtypes.prng_key
+        ):
+            record_keys = jax.random.key_data(record_keys)
         params = self.optim.get_params(svi_state.optim_state)
         loss_fn = self._record_loss_fn(rebuild, per_record)
         result = clipped_grad_sum(

@@ -179,6 +179,26 @@ def test_noise_is_one_draw_over_all_coordinates_from_the_suite():
     np.testing.assert_allclose(flat, expected, rtol=1e-6)
 
 
+def test_noise_matches_the_flattened_formula_leaf_by_leaf():
+    """Leaves get the values of unravel(ravel(tree) + std * normal(key, (P,)))
+    exactly, in their own dtypes, also for mixed dtypes and scalar leaves."""
+    from jax.flatten_util import ravel_pytree
+
+    tree = {
+        "a": jnp.arange(12.0).reshape(3, 4),
+        "b": [jnp.linspace(-1, 1, 5), jnp.asarray(2.5)],
+        "c": jnp.ones((2,), jnp.float16),
+    }
+    key = d3p.random.PRNGKey(11)
+    out = add_gaussian_noise(tree, key, 1.3, 0.7)
+    flat, unravel = ravel_pytree(tree)
+    noise = d3p.random.normal(key, flat.shape, flat.dtype)
+    expected = unravel(flat + noise * np.asarray(1.3 * 0.7, flat.dtype))
+    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(expected)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
 def test_bad_strategy_and_mask():
     xs, ys = _records()
     with pytest.raises(ValueError, match="strategy"):
