@@ -387,13 +387,18 @@ def normal(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32) -> jax.
     size = int(np.prod(shape, dtype=np.int64))
     key = _check_key(key)
     num_blocks = -(-size // 8)  # 8 normals per block of 16 words
-    if out_dtype != jnp.float64 and num_blocks > 2 * _TILE_BLOCKS and jax.default_backend() == "cpu":
+    tiled = num_blocks > 2 * _TILE_BLOCKS or 1 < num_blocks <= _SMALL_BLOCKS
+    if out_dtype != jnp.float64 and tiled and jax.default_backend() == "cpu":
         # The same samples, from the keystream in tiles (see _keystream_words)
         # with the transform in the same loop. Besides keeping the tile in the
         # cache, the loop materialises the samples once: XLA would otherwise
         # fuse the transform into every consumer (e.g. into each of the
         # optimizer's updates of each parameter leaf) and compute it repeatedly.
-        num_tiles = -(-num_blocks // _TILE_BLOCKS)
+        # A few blocks (the noise of a small model) go one block per tile:
+        # XLA runs a separate transform of a few dozen samples on its thread
+        # pool, whose hand-over cost (20-30 us on two cores) exceeded the rest
+        # of the draw.
+        num_tiles = -(-num_blocks // _TILE_BLOCKS) if num_blocks > _SMALL_BLOCKS else num_blocks
         tile = -(-num_blocks // num_tiles)
         counters = jnp.arange(num_tiles * tile, dtype=jnp.uint32).reshape(num_tiles, tile)
 
