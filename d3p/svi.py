@@ -177,7 +177,11 @@ class DPSVI(SVI):
         (from :func:`d3p.dputil.approximate_sigma`).
     :param rng_suite: the PRNG suite for noise and batch selection;
         :mod:`d3p.random` (ChaCha20) by default, :mod:`d3p.random.debug` for
-        debugging.
+        debugging. The records' Monte Carlo samples (their guide draws) come
+        from JAX's default generator under a key from
+        ``rng_suite.convert_to_jax_rng_key``, one key per record, as
+        ``jax.random.split`` would give them (computed without Threefry's
+        loops on CPU); they do not depend on the data and carry no privacy role.
     :param bool clip_unscaled_observations: see above; default True.
     :param str gradient_strategy: how per-record gradients are formed:
         ``"auto"`` (default: chosen from the model's structure, the backend and

@@ -387,18 +387,14 @@ def normal(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32) -> jax.
     size = int(np.prod(shape, dtype=np.int64))
     key = _check_key(key)
     num_blocks = -(-size // 8)  # 8 normals per block of 16 words
-    tiled = num_blocks > 2 * _TILE_BLOCKS or 1 < num_blocks <= _SMALL_BLOCKS
-    if out_dtype != jnp.float64 and tiled and jax.default_backend() == "cpu":
+    on_cpu = jax.default_backend() == "cpu"
+    if out_dtype != jnp.float64 and num_blocks > 2 * _TILE_BLOCKS and on_cpu:
         # The same samples, from the keystream in tiles (see _keystream_words)
         # with the transform in the same loop. Besides keeping the tile in the
         # cache, the loop materialises the samples once: XLA would otherwise
         # fuse the transform into every consumer (e.g. into each of the
         # optimizer's updates of each parameter leaf) and compute it repeatedly.
-        # A few blocks (the noise of a small model) go one block per tile:
-        # XLA runs a separate transform of a few dozen samples on its thread
-        # pool, whose hand-over cost (20-30 us on two cores) exceeded the rest
-        # of the draw.
-        num_tiles = -(-num_blocks // _TILE_BLOCKS) if num_blocks > _SMALL_BLOCKS else num_blocks
+        num_tiles = -(-num_blocks // _TILE_BLOCKS)
         tile = -(-num_blocks // num_tiles)
         counters = jnp.arange(num_tiles * tile, dtype=jnp.uint32).reshape(num_tiles, tile)
 
@@ -416,6 +412,13 @@ def normal(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32) -> jax.
         p = ((hi >> np.uint32(1)).astype(dtype) + (lo.astype(dtype) + 0.5) * 2.0**-32) * 2.0**-31
         magnitude = -ndtri(p * 0.5)
         z = jnp.where((hi & np.uint32(1)) == 1, -magnitude, magnitude)
+    elif 1 < num_blocks <= _SMALL_BLOCKS and on_cpu:
+        # A few blocks (the noise of a small model): the transform runs one
+        # block of words per loop step. As one operation on a few dozen
+        # samples, XLA ran it on its thread pool, whose hand-over (20-30 us on
+        # two cores) cost more than the rest of the draw. Same function.
+        padded = jnp.pad(words, (0, 16 * num_blocks - 2 * size)).reshape(num_blocks, 16)
+        z = lax.map(lambda w: _normal_f32(w[0::2], w[1::2]), padded).reshape(-1)[:size]
     else:
         # narrower floats (float16, bfloat16) cannot hold p: they are computed in float32
         z = _normal_f32(words[0::2], words[1::2])
