@@ -321,12 +321,14 @@ class DPSVI(SVI):
             )
         return jnp.asarray(scales[0], jnp.float32)
 
-    def _record_loss_fn(self, rebuild, per_record):
-        """loss(params, record) of one record, ``record = (jax_key, leaves)``."""
+    def _record_loss_fn(self, rebuild, per_record, key_impl=None):
+        """loss(params, record) of one record, ``record = (jax_key, leaves)``;
+        with ``key_impl``, ``jax_key`` is raw key data of that implementation."""
 
         def record_loss(params, record):
             key, leaves = record
-            key = _threefry.fast_key(key)
+            if key_impl is not None:
+                key = jax.random.wrap_key_data(key, impl=key_impl)
             leaves = [jnp.expand_dims(x, 0) if p else None for x, p in zip(leaves, per_record)]
             args, kwargs = rebuild(leaves)
             constrained = self.constrain_fn(params)
@@ -395,15 +397,15 @@ class DPSVI(SVI):
 
         jax_key = self.rng_suite.convert_to_jax_rng_key(grad_key)
         # the Monte Carlo keys of the records: as jax.random.split(jax_key, B),
-        # computed without Threefry's rolled loops (see d3p.random._threefry);
-        # kept as raw key data so that strategies can pad and chunk them
+        # computed without Threefry's rolled loops (see d3p.random._threefry)
         record_keys = jax.random.split(_threefry.fast_key(jax_key), max(B, 1))[:B]
-        if jnp.issubdtype(record_keys.dtype, jax.dtypes.prng_key) and not jnp.issubdtype(
-            jax_key.dtype, jax.dtypes.prng_key
-        ):
+        key_impl = None
+        if jnp.issubdtype(record_keys.dtype, jax.dtypes.prng_key):
+            # carried as raw data, which the strategies can pad and chunk
+            key_impl = jax.random.key_impl(record_keys)
             record_keys = jax.random.key_data(record_keys)
         params = self.optim.get_params(svi_state.optim_state)
-        loss_fn = self._record_loss_fn(rebuild, per_record)
+        loss_fn = self._record_loss_fn(rebuild, per_record, key_impl)
         result = clipped_grad_sum(
             loss_fn,
             params,

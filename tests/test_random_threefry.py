@@ -128,3 +128,42 @@ def test_dpsvi_step_unchanged(monkeypatch, strategy):
     for k in ref_params:
         np.testing.assert_allclose(params[k], ref_params[k], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+
+
+class _TypedKeySuite:
+    """The ChaCha20 suite, but handing NumPyro typed keys of JAX's ``rbg``."""
+
+    def __getattr__(self, name):
+        return getattr(d3p.random, name)
+
+    @staticmethod
+    def convert_to_jax_rng_key(key):
+        data = d3p.random.random_bits(key, 32, (4,))
+        return jax.random.wrap_key_data(data, impl="rbg")
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "chunked"])
+def test_dpsvi_with_typed_keys_from_the_suite(strategy):
+    """A suite may hand out typed keys of any implementation: the records'
+    keys keep it (also when chunks pad them), and the step runs."""
+    xs = jax.random.normal(jax.random.PRNGKey(2), (7, 4))
+    svi = DPSVI(
+        _model, _guide, numpyro.optim.Adam(0.1), Trace_ELBO(), clipping_threshold=1.0,
+        dp_scale=1.0, rng_suite=_TypedKeySuite(), gradient_strategy=strategy, chunk_size=3, N=50,
+    )
+    state = svi.init(d3p.random.PRNGKey(0), xs)
+    state, loss = jax.jit(svi.update)(state, xs)
+    assert np.isfinite(float(loss))
+    assert all(np.all(np.isfinite(v)) for v in svi.get_params(state).values())
+
+
+def test_same_values_as_jax_random_under_x64():
+    with jax.enable_x64(True):
+        raw = jax.random.PRNGKey(77)
+        fast = _threefry.fast_key(raw)
+        for draw in (DRAWS["split"], DRAWS["normal"], DRAWS["fold_in"], DRAWS["randint"]):
+            _same(draw(fast), draw(raw))
+        _same(
+            jax.random.key_data(jax.random.key(np.int64(2**40 + 3), impl=_threefry.IMPL)),
+            jax.random.key_data(jax.random.key(np.int64(2**40 + 3))),
+        )
