@@ -83,6 +83,7 @@ import tqdm
 from scipy import special, stats
 
 import d3p.random
+from d3p import accounting as _accounting
 
 __all__ = [
     "EpsilonLowerBound",
@@ -108,8 +109,8 @@ __all__ = [
 #: Threat models of :func:`dpsvi_scores`: which outputs the attacker sees.
 THREAT_MODELS = ("every_step", "final_params")
 
-_ADD_REMOVE = "add_remove"
-_SUBSTITUTE = "substitute"
+_ADD_REMOVE = _accounting.ADD_REMOVE
+_SUBSTITUTE = _accounting.SUBSTITUTE
 
 
 # ---------------------------------------------------------------------------

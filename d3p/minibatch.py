@@ -61,6 +61,7 @@ import numpy as np
 from jax import lax
 
 import d3p.random
+from d3p import accounting as _accounting
 
 __all__ = [
     "SUBSTITUTE",
@@ -84,10 +85,11 @@ __all__ = [
 
 #: Neighbouring relation "replace one record by another" (data sets of equal
 #: size N). Fixed-size sampling without replacement is analysed under it.
-SUBSTITUTE = "substitute"
+#: The same object as :data:`d3p.accounting.SUBSTITUTE`.
+SUBSTITUTE = _accounting.SUBSTITUTE
 #: Neighbouring relation "add or remove one record". Poisson sampling is
-#: analysed under it.
-ADD_REMOVE = "add_remove"
+#: analysed under it. The same object as :data:`d3p.accounting.ADD_REMOVE`.
+ADD_REMOVE = _accounting.ADD_REMOVE
 
 #: Default bound on the per-step probability that a Poisson batch has more
 #: records than ``max_batch_size`` (see :func:`poisson_max_batch_size`).
