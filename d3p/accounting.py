@@ -770,15 +770,17 @@ def _delta_from_pmf(x: np.ndarray, p: np.ndarray, eps: float) -> float:
 
 
 def _package_delta(relation: str, phases: Sequence[Phase], epsilon: float, nx: int, L: float) -> Optional[float]:
-    """δ at ``epsilon`` from the fourier-accountant package (its public
-    ``get_delta_S`` / ``get_delta_R``) on the grid (nx, L); None where the
-    package cannot evaluate it."""
+    """δ at ``epsilon`` under the substitute relation (the only one checked,
+    see :func:`_package_agrees`) from the fourier-accountant package (its
+    public ``get_delta_S``) on the grid (nx, L); None where the package cannot
+    evaluate it."""
     import fourier_accountant
 
-    fn = fourier_accountant.get_delta_S if relation == SUBSTITUTE else fourier_accountant.get_delta_R
+    if relation != SUBSTITUTE:
+        raise ValueError(f"The package check is for the substitute relation, got relation={relation!r}.")
     try:
         with np.errstate(all="ignore"):
-            d = fn(
+            d = fourier_accountant.get_delta_S(
                 target_eps=float(epsilon),
                 sigma=np.array([p.sigma for p in phases], dtype=np.float64),
                 q=np.array([p.q for p in phases], dtype=np.float64),

@@ -693,18 +693,17 @@ class DPSVI(SVI):
                 **k,
             )
 
+        @functools.partial(jax.jit, static_argnums=3)
+        def run_chunk(svi_state, start, data, length):
+            steps = start + jnp.arange(length, dtype=jnp.uint32)
+            return lax.scan(lambda s, i: body_fn(s, i, data), svi_state, steps)
+
         if progress_bar:
             # Steps run in compiled chunks of about 5% of the run (lax.scan, as
             # without the bar; at most two chunk lengths are compiled), the bar
             # advancing after each: one Python dispatch per step would cost
             # more than a small model's step.
             chunk = min(max(-(-num_steps // 20), 1), _MAX_BAR_CHUNK)
-
-            @functools.partial(jax.jit, static_argnums=3)
-            def run_chunk(svi_state, start, data, length):
-                steps = start + jnp.arange(length, dtype=jnp.uint32)
-                return lax.scan(lambda s, i: body_fn(s, i, data), svi_state, steps)
-
             losses = []
             done = 0
             with tqdm.tqdm(total=num_steps) as t:
@@ -723,14 +722,7 @@ class DPSVI(SVI):
                     t.update(length)
             losses = jnp.concatenate(losses)
         else:
-
-            @jax.jit
-            def scan_all(svi_state, data):
-                return lax.scan(
-                    lambda s, i: body_fn(s, i, data), svi_state, jnp.arange(num_steps, dtype=jnp.uint32)
-                )
-
-            svi_state, losses = scan_all(svi_state, records)
+            svi_state, losses = run_chunk(svi_state, jnp.uint32(0), records, num_steps)
 
         result = DPSVIRunResult(self.get_params(svi_state), svi_state, losses)
         result.epsilon = tracker.epsilon(num_steps)

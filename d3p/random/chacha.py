@@ -215,16 +215,21 @@ def fold_in(key: PRNGState, data: jax.typing.ArrayLike) -> PRNGState:
 _TILE_BLOCKS = 4096
 
 
+def _tile_counters(num_blocks: int) -> jax.Array:
+    """Block counters 0, 1, ... in equal tiles of at most _TILE_BLOCKS, shape
+    (tiles, tile); the last tile may run past num_blocks."""
+    num_tiles = -(-num_blocks // _TILE_BLOCKS)
+    tile = -(-num_blocks // num_tiles)
+    return jnp.arange(num_tiles * tile, dtype=jnp.uint32).reshape(num_tiles, tile)
+
+
 def _keystream_words(key: jax.Array, num_words: int) -> jax.Array:
     num_blocks = -(-num_words // 16)
     nonce = (_NONCE_BITS, 0, 0)
     if num_blocks <= 2 * _TILE_BLOCKS or jax.default_backend() != "cpu":
         blocks = chacha20_block(key, jnp.arange(num_blocks, dtype=jnp.uint32), nonce)
     else:
-        num_tiles = -(-num_blocks // _TILE_BLOCKS)
-        tile = -(-num_blocks // num_tiles)
-        counters = jnp.arange(num_tiles * tile, dtype=jnp.uint32).reshape(num_tiles, tile)
-        blocks = lax.map(lambda c: chacha20_block(key, c, nonce), counters)
+        blocks = lax.map(lambda c: chacha20_block(key, c, nonce), _tile_counters(num_blocks))
     return blocks.reshape(-1)[:num_words]
 
 
@@ -394,15 +399,11 @@ def normal(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32) -> jax.
         # cache, the loop materialises the samples once: XLA would otherwise
         # fuse the transform into every consumer (e.g. into each of the
         # optimizer's updates of each parameter leaf) and compute it repeatedly.
-        num_tiles = -(-num_blocks // _TILE_BLOCKS)
-        tile = -(-num_blocks // num_tiles)
-        counters = jnp.arange(num_tiles * tile, dtype=jnp.uint32).reshape(num_tiles, tile)
-
         def tile_normals(c):
             blocks = chacha20_block(key, c, (_NONCE_BITS, 0, 0))
             return _normal_f32(blocks[:, 0::2], blocks[:, 1::2])
 
-        z = lax.map(tile_normals, counters).reshape(-1)[:size]
+        z = lax.map(tile_normals, _tile_counters(num_blocks)).reshape(-1)[:size]
         return z.astype(out_dtype).reshape(shape)
     words = _keystream_words(key, max(2 * size, 1))[: 2 * size]
     if out_dtype == jnp.float64:

@@ -569,7 +569,8 @@ def fit(
         "sampling": sampling,
         "learning_rate": float(learning_rate),
         "clipping_threshold": float(clipping_threshold),
-        "optimizer": "adam, cosine decay to 5%" if optimizer is None else type(optimizer).__name__,
+        "optimizer": (f"adam, cosine decay to {DEFAULT_FINAL_LEARNING_RATE_FRACTION:.0%}" if optimizer is None
+                      else type(optimizer).__name__),
         "seconds": round(time.monotonic() - t0, 3),
     }
     return TwinResult(schema, model, guide, result.params, num_records=N, model_spec=model_spec,
