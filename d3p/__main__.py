@@ -32,13 +32,6 @@ __all__ = [
     "register_audit",
 ]
 
-_RELATION_CHOICES = {
-    "add-remove": "add_remove",
-    "add_remove": "add_remove",
-    "substitute": "substitute",
-}
-
-
 # ---------------------------------------------------------------------------
 # argument types: raise ArgumentTypeError, which argparse reports with the
 # argument's name and exit status 2
@@ -88,19 +81,22 @@ def _steps(text: str) -> int:
 
 
 def _relation(text: str) -> str:
-    key = text.strip().lower()
-    if key not in _RELATION_CHOICES:
-        raise argparse.ArgumentTypeError(
-            f"expected 'add-remove' (Poisson sampling) or 'substitute' "
-            f"(fixed-size sampling without replacement), got {text!r}"
-        )
-    return _RELATION_CHOICES[key]
+    from d3p.accounting import normalize_relation
+
+    try:
+        return normalize_relation(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'add-remove' or 'substitute', got {text!r}") from None
 
 
 _RELATION_HELP = (
-    "neighbouring relation: 'substitute' for fixed-size batches sampled without "
-    "replacement (d3p's default sampler), 'add-remove' for Poisson sampling "
-    "(default: %(default)s)"
+    "neighbouring relation: 'add-remove' (default with Poisson sampling) or 'substitute' "
+    "(the only one for fixed-size batches; alone, it means fixed-size batches)"
+)
+_SAMPLING_HELP = (
+    "batch sampler of the run: 'poisson' (each record with probability q; d3p's default) "
+    "or 'fixed' (B = qN records without replacement, accounted under substitute with the "
+    "pair that dominates it); default: poisson, or fixed with --relation substitute alone"
 )
 
 
@@ -109,20 +105,25 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="sampling probability / ratio B/N, in (0, 1]")
     p.add_argument("--steps", type=_steps, required=True, metavar="T",
                    help="number of steps (iterations) T >= 1")
-    p.add_argument("--relation", type=_relation, default="substitute", metavar="{add-remove,substitute}",
+    p.add_argument("--sampling", choices=("poisson", "fixed"), default=None, help=_SAMPLING_HELP)
+    p.add_argument("--relation", type=_relation, default=None, metavar="{add-remove,substitute}",
                    help=_RELATION_HELP)
     p.add_argument("--accountant", choices=("fourier", "rdp", "pld"), default="fourier",
                    help="privacy accountant (default: %(default)s; 'pld' needs dp-accounting)")
 
 
-_SAMPLER_OF = {
-    "add_remove": "Poisson sampling",
-    "substitute": "fixed-size sampling without replacement",
-}
+def _accounting(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """The accounting of the run described by --sampling and --relation."""
+    from d3p import accounting
+
+    try:
+        return accounting.accounting_for(args.sampling, args.relation)
+    except ValueError as e:
+        parser.error(str(e))
 
 
-def _display(relation: str) -> str:
-    return f"{relation.replace('_', '-')} [{_SAMPLER_OF[relation]}]"
+def _display(acc) -> str:
+    return f"{acc.relation.replace('_', '-')} [{acc.describe()}]"
 
 
 # ---------------------------------------------------------------------------
@@ -131,17 +132,15 @@ def _display(relation: str) -> str:
 
 
 def _run_sigma(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from d3p import dputil
-
-    fn = dputil.approximate_sigma if args.relation == "substitute" else dputil.approximate_sigma_remove_relation
+    acc = _accounting(args, parser)
     try:
-        sigma, eps, _ = fn(args.epsilon, args.delta, args.q, args.steps, accountant=args.accountant)
+        sigma, eps, _ = acc.calibrate(args.epsilon, args.delta, args.q, args.steps, accountant=args.accountant)
     except ValueError as e:
         parser.error(str(e))
     except ImportError as e:
         parser.error(str(e))
     print(f"sigma={sigma:.6g} (epsilon={eps:.6g} <= {args.epsilon:g} at delta={args.delta:g}, "
-          f"q={args.q:g}, steps={args.steps}, relation={_display(args.relation)}, "
+          f"q={args.q:g}, steps={args.steps}, relation={_display(acc)}, "
           f"accountant={args.accountant})")
     return 0
 
@@ -168,17 +167,15 @@ def register_sigma(subparsers) -> argparse.ArgumentParser:
 
 
 def _run_epsilon(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from d3p import accounting
-
+    acc = _accounting(args, parser)
     try:
-        eps = accounting.compute_epsilon(args.sigma, args.q, args.steps, args.delta,
-                                         relation=args.relation, accountant=args.accountant)
+        eps = acc.epsilon(args.sigma, args.q, args.steps, args.delta, accountant=args.accountant)
     except ValueError as e:
         parser.error(str(e))
     except ImportError as e:
         parser.error(str(e))
     print(f"epsilon={eps:.6g} (sigma={args.sigma:g}, q={args.q:g}, steps={args.steps}, "
-          f"delta={args.delta:g}, relation={_display(args.relation)}, accountant={args.accountant})")
+          f"delta={args.delta:g}, relation={_display(acc)}, accountant={args.accountant})")
     return 0
 
 

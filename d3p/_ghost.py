@@ -22,11 +22,20 @@ perturbation added to the output of every such product and the other operand
 recorded; the gradient with respect to the perturbations is ``δ``. All other
 parameter leaves get exact per-record gradients in the same pass.
 
-Whatever the analysis concludes, the per-record norm used for clipping is
+Whatever the analysis concludes, the per-record bound used for clipping is
 computed from the very ``a`` and ``δ`` (and residual gradients) that are then
 summed, so the sensitivity bound never depends on the analysis being right;
 only the equality with the plain per-record gradient does, and the tests check
-that.
+that. The Gram form is evaluated in floating point, where rows that cancel
+can make it arbitrarily small relative to the truth; the bound used is
+therefore not the computed Gram value but a certified upper bound (see
+:func:`gram_bound`): the Gram value plus its worst-case rounding error, never
+more than the triangle bound ``Σ_r ‖a_r‖‖δ_r‖``, plus the rounding that the
+record's terms can cause in the product that sums all records. Records whose
+rows nearly cancel are therefore clipped more than necessary (never less);
+for single rows (a dense layer applied to a vector) the bound is within a few
+units of roundoff of the exact norm. The floating-point primitives (scaled
+norms, rounding bounds, the clip factor) are those of :mod:`d3p.gradients`.
 """
 
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
@@ -34,7 +43,10 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.extend import core as jex_core
+
+from d3p import gradients
 
 PyTree = Any
 
@@ -394,31 +406,89 @@ def to_leaf(plan: Plan, g: int, canonical, leaf_value):
     return vjp(G.astype(apply_chain(leaf_value).dtype))[0]
 
 
-def scaled_norm(x, axes):
-    """L2 norm over ``axes`` computed with scaling (no overflow); ``inf`` if not finite."""
-    peak = jnp.max(jnp.abs(x), axis=axes, keepdims=True)
-    ok = jnp.isfinite(peak) & (peak > 0)
-    safe = jnp.where(ok, peak, 1.0)
-    n = jnp.sqrt(jnp.sum(jnp.square(x / safe), axis=axes, keepdims=True)) * safe
-    n = jnp.where(jnp.isfinite(peak), n, jnp.inf)
-    return jnp.squeeze(n, axis=axes)
+def gram_bound(A, D, sum_depth: int):
+    """Per record, bounds for clipping the contribution ``AᵀD = Σ_r a_r ⊗ d_r`` of
+    one ghost leaf; ``A``: (B, R, n_in), ``D``: (B, R, n_out), the values that
+    are then summed, with the clipping factor ``f`` applied to ``A``.
 
+    :param int sum_depth: the most additions an entry of one record's ``AᵀD``
+        passes through in the product that sums over all records (and chunks).
+    :return: ``(M, E)``, shape (B,) each: the record's contribution to the
+        summed product, ``einsum(f A, D)`` restricted to its rows, has norm at
+        most ``f (1 + u) M + E`` (``u`` covers the multiplication by ``f``);
+        ``inf`` for records with non-finite entries or a bound that overflows.
 
-def gram_norm(A, D):
-    """Per-record ``‖AᵀD‖_F`` for A: (B, R, n_in), D: (B, R, n_out), via Gram matrices."""
-    if A.shape[1] == 1:
-        return scaled_norm(A[:, 0], (1,)) * scaled_norm(D[:, 0], (1,))
-    pa = jnp.max(jnp.abs(A), axis=(1, 2))
-    pd = jnp.max(jnp.abs(D), axis=(1, 2))
-    finite = jnp.isfinite(pa) & jnp.isfinite(pd)
-    sa = jnp.where(finite & (pa > 0), pa, 1.0)
-    sd = jnp.where(finite & (pd > 0), pd, 1.0)
-    An = A / sa[:, None, None]
-    Dn = D / sd[:, None, None]
-    ga = jnp.einsum("bri,bsi->brs", An, An)
-    gd = jnp.einsum("bro,bso->brs", Dn, Dn)
-    sq = jnp.maximum(jnp.sum(ga * gd, axis=(1, 2)), 0.0)
-    return jnp.where(finite, jnp.sqrt(sq) * sa * sd, jnp.inf)
+    **Why these are bounds.** With ``T`` an upper bound of ``Σ_r ‖a_r‖ ‖d_r‖``
+    from row norms (``d3p.gradients._norm_bound`` and its primitives), the
+    exact norm is at most ``T`` (triangle inequality; for one row it is
+    ``‖a‖ ‖d‖`` itself). For R > 1, with ``A`` and ``D`` scaled by powers of
+    two (exact) so that their largest entries lie in [1, 4), it is also at
+    most ``sqrt(s + c T² + φ)``, where ``s`` is the computed
+    Gram form ``Σ_uv (a_u·a_v)(d_u·d_v)``, whose rounding error (Gram entries
+    formed in any order: ``γ(n_in)‖a_u‖‖a_v‖`` and ``γ(n_out)‖d_u‖‖d_v‖``; the
+    products and their blocked sum: ``γ(depth + 1)`` of their magnitudes) is at
+    most ``c T²`` because ``Σ_uv ‖a_u‖‖a_v‖‖d_u‖‖d_v‖ = (Σ_u ‖a_u‖‖d_u‖)²``,
+    and ``φ`` covers results flushed below the smallest normal number ``tiny``.
+    When rows cancel, ``s`` may be 0 while the exact norm is not; the bound is
+    then ``sqrt(c) T``, never less than the truth. Summing ``f A`` against
+    ``D`` over all records adds at most ``γ(sum_depth)`` times
+    ``Σ_r |f a_r| |d_r|``, whose norm is at most ``f (1 + u) T``: ``M`` adds
+    ``γ(sum_depth + 2) T``. Entries below ``tiny``, which a backend may treat
+    as zero in any of these products, move the exact norm by at most
+    ``tiny (sqrt(n_in) Σ_r‖d_r‖ + sqrt(n_out) Σ_r‖a_r‖)`` (in ``M``), and
+    ``f A`` flushed to zero moves the sum by at most ``tiny sqrt(n_in) Σ_r‖d_r‖``
+    whatever ``f`` (in ``E``, with the flushed products ``R sqrt(n_in n_out) tiny``).
+    Every computed quantity is increased by the relative error bound of the
+    roundings that produced it (``_up``).
+    """
+    g = gradients
+    acc = g._acc_dtype(A.dtype, D.dtype)
+    rnd = g._rounding(acc, A.dtype, D.dtype)
+    B, R, n_in = A.shape
+    n_out = D.shape[2]
+    A, D = A.astype(acc), D.astype(acc)
+    share = np.asarray(g._gamma(sum_depth + 2, rnd) * (1 + 1e-3), acc)
+    # the Gram form's error bound (relative to T²) grows with the sizes; where
+    # it could not beat the triangle bound, T alone is the bound
+    if R == 1 or (n_in + n_out + 2 * R + 2) * rnd.u > 1e-2:
+        # in real units: row norms (overflow-safe), T = Σ_r ‖a_r‖‖d_r‖
+        na, nd = g._norm_bound(A), g._norm_bound(D)  # (B, R)
+        T = g._up(jnp.sum(na * nd, axis=1), R, rnd)
+        M = g._up(T + share * T, 2, rnd)
+        sum_a = g._up(jnp.sum(na, axis=1), R - 1, rnd)
+        sum_d = g._up(jnp.sum(nd, axis=1), R - 1, rnd)
+    else:
+        # in units scaled by powers of two (exact), largest entries in [1, 4)
+        sa = g._scale_exponent(jnp.max(jnp.abs(A), axis=(1, 2)))
+        sd = g._scale_exponent(jnp.max(jnp.abs(D), axis=(1, 2)))
+        An = A * g._pow2(sa, acc)[:, None, None]
+        Dn = D * g._pow2(sd, acc)[:, None, None]
+        na = g._scaled_norm_bound(An, 1, rnd)  # (B, R)
+        nd = g._scaled_norm_bound(Dn, 1, rnd)
+        T = g._up(jnp.sum(na * nd, axis=1), R, rnd)
+        hi = lax.Precision.HIGHEST
+        ga = jnp.einsum("bri,bsi->brs", An, An, precision=hi)
+        gd = jnp.einsum("bro,bso->brs", Dn, Dn, precision=hi)
+        s, depth = g._blocked_sum(ga * gd, 2)
+        gi, go = g._gamma(n_in, rnd), g._gamma(n_out, rnd)
+        c = (gi + go + gi * go + g._gamma(depth + 1, rnd) * (1 + gi) * (1 + go)) * (1 + 1e-3)
+        phi = R * R * (64.0 * n_in * n_out + 4.0) * rnd.tiny
+        sq = g._up(jnp.maximum(s, 0.0) + np.asarray(c, acc) * jnp.square(T) + np.asarray(phi, acc), 4, rnd)
+        # entries of An, Dn flushed to zero: at most 20 R sqrt(n_in n_out) tiny in the norm
+        G = g._up(jnp.sqrt(sq) + np.asarray(20.0 * R * float(np.sqrt(n_in * n_out)) * rnd.tiny, acc), 3, rnd)
+        N = jnp.minimum(G, T)
+        M = g._times_pow2(g._up(N + share * T, 2, rnd), -(sa + sd))
+        sum_a = g._times_pow2(g._up(jnp.sum(na, axis=1), R, rnd), -sa)
+        sum_d = g._times_pow2(g._up(jnp.sum(nd, axis=1), R, rnd), -sd)
+    # entries below tiny in real units (see above)
+    t_in = np.asarray(2.0 * np.sqrt(n_in) * rnd.tiny, acc)
+    t_out = np.asarray(2.0 * np.sqrt(n_out) * rnd.tiny, acc)
+    two_tiny = np.asarray(2.0 * rnd.tiny, acc)
+    M = g._up(M + (sum_d * t_in + two_tiny) + (sum_a * t_out + two_tiny), 4, rnd)
+    E = g._up(sum_d * t_in + np.asarray((2.0 * R * np.sqrt(n_in * n_out) + 2.0) * rnd.tiny, acc), 2, rnd)
+    finite = jnp.isfinite(M) & jnp.isfinite(E)
+    inf = jnp.asarray(jnp.inf, acc)
+    return jnp.where(finite, M, inf), jnp.where(finite, E, inf)
 
 
 def trace_plan(loss_fn: Callable, params: PyTree, records: PyTree) -> Tuple[Plan, Any, Any]:
@@ -445,12 +515,22 @@ def trace_plan(loss_fn: Callable, params: PyTree, records: PyTree) -> Tuple[Plan
     return analyse(closed, len(p_leaves), sizes), p_def, r_def
 
 
-def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clip):
-    """Clipped sum, losses and norms for one chunk of records.
+def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clipping_threshold,
+                sum_depth: Callable[[int], int]):
+    """Clipped sum, losses and norm bounds for one chunk of records.
 
-    ``clip(norms) -> factor`` gives the per-record clipping factor (0 for
-    non-finite norms). Records with mask False or a non-finite norm contribute
-    exactly zero (``where``, so their ``nan`` never reaches the sum).
+    ``sum_depth(rows)``: the most additions an entry of one record passes
+    through in the sum over all records, when each record has ``rows`` terms
+    in the product (see :func:`d3p.gradients._sum_depth`).
+
+    Each record's clipping factor comes from :func:`d3p.gradients._clip_factor`
+    applied to one bound over all leaves: :func:`gram_bound` for ghost leaves,
+    :func:`d3p.gradients._norm_bound` of the exact per-record gradient for the
+    others (each including its share of the rounding of the sum over records),
+    so that what is added for the record, including rounding, has norm at most
+    ``C``. Records with mask False or a non-finite bound contribute exactly
+    zero (``where``, so their ``nan`` never reaches the sum). Every product
+    that feeds a bound or the sum runs at ``Precision.HIGHEST``.
     """
     B = mask.shape[0]
     ghost, residual = plan.ghost_leaves, plan.residual_leaves
@@ -473,8 +553,10 @@ def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clip):
         perts, res_vals, record_leaves
     )
 
-    # per-leaf per-record norms
-    leaf_norms = []
+    dtypes = [jnp.result_type(x) for x in param_leaves]
+    acc = gradients._acc_dtype(*dtypes)
+    rnd = gradients._rounding(acc, *dtypes)
+    bounds, abs_errs = [], []  # per leaf, shape (B,)
     leaf_rows = []
     index = {k: j for j, k in enumerate(dots)}
     for us in plan.uses:
@@ -488,18 +570,22 @@ def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clip):
         A = jnp.concatenate(As, axis=1) if len(As) > 1 else As[0]
         D = jnp.concatenate(Ds, axis=1) if len(Ds) > 1 else Ds[0]
         leaf_rows.append((A, D))
-        leaf_norms.append(gram_norm(A, D))
-    for g in res_grads:
-        leaf_norms.append(scaled_norm(g.reshape(B, -1), (1,)) if g.size else jnp.zeros((B,)))
-    if leaf_norms:
-        stacked = jnp.stack(leaf_norms, axis=1)
-        norms = scaled_norm(stacked, (1,))
-    else:
-        norms = jnp.zeros((B,))
-    norms = norms.astype(losses.dtype)
-    factor = clip(norms)
-    keep = mask & jnp.isfinite(norms)
-    factor = jnp.where(keep, factor, 0.0)
+        M, E = gram_bound(A, D, sum_depth(A.shape[1]))
+        bounds.append(M.astype(acc))
+        abs_errs.append(E.astype(acc))
+    res_size = 0
+    for grad in res_grads:
+        norm = gradients._norm_bound(gradients._rows(grad)).astype(acc)
+        bounds.append(gradients._up(norm, sum_depth(1), rnd))
+        res_size += gradients._rows(grad).shape[1]
+    norms = gradients._norm_bound(jnp.stack(bounds, axis=1)) if bounds else jnp.zeros((B,), acc)
+    res_dtypes = [jnp.result_type(param_leaves[i]) for i in residual]
+    abs_err = jnp.asarray(gradients._flush_slack(res_size, res_dtypes), acc) + sum(abs_errs)
+    abs_err = gradients._up(abs_err, len(abs_errs), rnd)
+    factor = gradients._clip_factor(norms, clipping_threshold, abs_err, dtypes)
+    # a factor > 0 implies finite bounds; testing the factor (not the bounds)
+    # keeps the chain that XLA may recompute for every entry short
+    keep = mask & (factor > 0)
 
     summed = list(param_leaves)
     for g, leaf in enumerate(ghost):
@@ -507,7 +593,7 @@ def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clip):
         cA = jnp.where(keep[:, None, None], A * factor[:, None, None].astype(A.dtype), 0.0)
         D0 = jnp.where(keep[:, None, None], D, 0.0)
         dtype = jnp.result_type(cA.dtype, D0.dtype)
-        G = jnp.einsum("bri,bro->io", cA.astype(dtype), D0.astype(dtype))
+        G = jnp.einsum("bri,bro->io", cA.astype(dtype), D0.astype(dtype), precision=lax.Precision.HIGHEST)
         summed[leaf] = to_leaf(plan, g, G, param_leaves[leaf])
     for leaf, grad in zip(residual, res_grads):
         k = keep.reshape((-1,) + (1,) * (grad.ndim - 1))

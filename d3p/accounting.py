@@ -7,28 +7,42 @@ L2 norm at most C, plus N(0, σ²C²) noise in every coordinate; T such steps ar
 composed adaptively. σ is the noise multiplier (``dp_scale``), q the sampling
 probability (batch size B over data size N).
 
-Two neighbouring relations are supported and each belongs to one sampler:
+A run is accounted for the sampler that drew its batches and the
+neighbouring relation under which its guarantee is stated; one function,
+:func:`accounting_for`, maps the pair to the privacy-loss pair that is
+composed (each row's proof or reference is in its docstring):
 
-* Poisson sampling (each record with probability q, fixed shapes and a
-  mask) goes with ``ADD_REMOVE``; calibrate with
-  :func:`d3p.dputil.approximate_sigma_remove_relation`.
-* Fixed-size batches of B records without replacement go with
-  ``SUBSTITUTE``; calibrate with :func:`d3p.dputil.approximate_sigma`.
+=======================================  ==============  ==========================================
+sampler                                  relation        pair composed per step (noise multiplier σ)
+=======================================  ==============  ==========================================
+Poisson (prob. q), fixed shape + mask    add/remove      N(0,σ²) vs (1-q)N(0,σ²)+qN(1,σ²), both
+  (**the default**)                                      directions
+Poisson, as above                        substitute      (1-q)N(0,σ²)+qN(1,σ²) vs
+                                                         (1-q)N(0,σ²)+qN(-1,σ²)
+fixed size B without replacement         substitute      N(0,(σ/2)²) vs (1-q)N(0,(σ/2)²)+qN(1,(σ/2)²),
+                                                         both directions: the add/remove pair with
+                                                         noise multiplier σ/2
+=======================================  ==============  ==========================================
 
 The relations:
 
 * ``ADD_REMOVE`` ("add/remove one record"): neighbouring data sets differ by
-  the presence of one record. This is the analysis that covers Poisson
-  sampling. Under it, the size N of the data set is itself protected.
+  the presence of one record. The data set size N is treated as public
+  (it sets the normalisation ``q N`` and the default δ).
 * ``SUBSTITUTE`` ("replace one record"): neighbouring data sets have the same
-  size and differ in the value of one record. This is the analysis that covers
-  sampling a fixed-size batch without replacement. Because a replaced record
-  can move the clipped sum by 2C rather than C, the ε under ``SUBSTITUTE`` is
-  larger than under ``ADD_REMOVE`` for the same (σ, q, T) (1.5 to 2 times).
+  size and differ in the value of one record; a replaced record can move the
+  clipped sum by 2C rather than C.
 
-Using the ε of one relation for a run that used the other relation's sampler
-is the classic silent privacy failure; every function here therefore takes the
-relation as a required argument.
+Fixed-size batches are NOT accounted with the substitute pair of the second
+row (the midpoint pair used by the d3p paper, the Fourier accountant's "S"
+relation and dp-accounting's ``REPLACE_ONE``): that pair assumes that an
+unsampled record's slot contributes nothing, but with a fixed batch size the
+slot is filled by another record, which may equal it. With every clipped
+contribution of D equal to +C and record 0 of D' at -C, every batch of D sums
+to BC while a batch of D' sums to (B-2)C with probability q: the third row's
+pair, exactly (Zhu, Dong & Wang 2022; Lebeda, Regehr, Kamath & Steinke 2024).
+At σ = 0.822, q = 0.01, T = 1000 the midpoint pair claims ε = 4 at δ = 1e-5
+where the fixed-size pair gives ε ≈ 25.
 
 Choosing δ: δ bounds the probability of a catastrophic failure of the
 guarantee, so choose it well below 1/N (e.g. δ ≤ 1/(10 N), or 1e-5 .. 1e-7 for
@@ -40,14 +54,14 @@ Accountants (``accountant=`` argument):
   Honkela (2020): the privacy-loss distribution of one step on a grid,
   composed by FFT. d3p discretises it with exact cell masses, chooses the
   grid from tail bounds and accepts a value only once it is stable under
-  refinement; under ``SUBSTITUTE`` every value is cross-checked with the
-  ``fourier-accountant`` package (its public ``get_delta_S`` on the same
-  grid). Falls back to ``"rdp"`` where a value cannot be verified (see
+  refinement; for the midpoint pair (Poisson sampling, substitute relation)
+  every value is cross-checked with the ``fourier-accountant`` package (its
+  public ``get_delta_S`` on the same grid). Falls back to ``"rdp"`` where a value cannot be verified (see
   :func:`compute_epsilon`, "Formal guarantees").
 * ``"rdp"``: a Rényi-DP bound of our own: the exact integer-order RDP of
-  the Poisson subsampled Gaussian (Mironov, Talwar and Zhang 2019) for
-  ``ADD_REMOVE``; for ``SUBSTITUTE`` the RDP of the substitute pair
-  (1-q)N(0,σ²)+qN(1,σ²) vs (1-q)N(0,σ²)+qN(-1,σ²) by quadrature; converted to
+  the Poisson subsampled Gaussian (Mironov, Talwar and Zhang 2019) for the
+  add/remove pair (Poisson/add-remove, and fixed-size batches with σ/2); for
+  the midpoint pair (Poisson/substitute) its RDP by quadrature; converted to
   (ε, δ) with Canonne, Kamath and Steinke (2020, Prop. 12). Typically 5-15%
   above the tight ε.
 * ``"pld"``: the privacy loss distribution accountant of Google's
@@ -71,7 +85,10 @@ __all__ = [
     "RELATIONS",
     "ACCOUNTANTS",
     "SAMPLER_RELATIONS",
+    "SAMPLERS",
     "Phase",
+    "SamplerAccounting",
+    "accounting_for",
     "relation_for_sampler",
     "normalize_relation",
     "compute_epsilon",
@@ -91,7 +108,11 @@ RELATIONS = (ADD_REMOVE, SUBSTITUTE)
 #: The supported accountants.
 ACCOUNTANTS = ("fourier", "rdp", "pld")
 
-#: Which relation the privacy analysis of each sampler uses.
+#: The batch samplers the accountants cover.
+SAMPLERS = ("poisson", "fixed_size")
+
+#: The default relation of each sampler (Poisson sampling also supports
+#: :data:`SUBSTITUTE`; fixed-size sampling only :data:`SUBSTITUTE`).
 SAMPLER_RELATIONS = {
     "poisson": ADD_REMOVE,
     "fixed_size": SUBSTITUTE,
@@ -102,6 +123,7 @@ _SAMPLER_ALIASES = {
     "poisson_batchify_data": "poisson",
     "fixed_size": "fixed_size",
     "fixed-size": "fixed_size",
+    "fixed": "fixed_size",
     "feistel": "fixed_size",
     "without_replacement": "fixed_size",
     "subsample_batchify_data": "fixed_size",
@@ -212,8 +234,8 @@ def _check_accountant(accountant: str) -> str:
 
 
 def relation_for_sampler(sampler: str) -> str:
-    """Says which neighbouring relation the privacy analysis of a batch sampler
-    uses.
+    """The default neighbouring relation of a batch sampler (see
+    :func:`accounting_for` for how each is accounted).
 
     ============================================  ===================
     ``sampler``                                    relation
@@ -232,12 +254,159 @@ def relation_for_sampler(sampler: str) -> str:
     :return: the relation name.
     :raises ValueError: for an unknown sampler name.
     """
+    return SAMPLER_RELATIONS[_normalize_sampler(sampler)]
+
+
+def _normalize_sampler(sampler: str) -> str:
     key = _SAMPLER_ALIASES.get(sampler.strip().lower()) if isinstance(sampler, str) else None
     if key is None:
         raise ValueError(
-            f"Expected sampler in {tuple(sorted(_SAMPLER_ALIASES))!r}, got sampler={sampler!r}"
+            f"Expected sampler in {SAMPLERS!r} (or an alias such as 'fixed' or "
+            f"'subsample_batchify_data'), got sampler={sampler!r}"
         )
-    return SAMPLER_RELATIONS[key]
+    return key
+
+
+class SamplerAccounting(NamedTuple):
+    """How runs with one batch sampler are accounted under one relation.
+
+    Built by :func:`accounting_for`, the one place that maps a sampler to
+    the privacy-loss pair composed per step. ``pair`` names that pair:
+    ``"add_remove"`` for N(0, s²) vs (1-q)N(0, s²) + qN(1, s²) (both
+    directions), ``"substitute"`` for the midpoint pair (1-q)N(0, s²) +
+    qN(1, s²) vs (1-q)N(0, s²) + qN(-1, s²), where s = σ / ``noise_divisor``.
+    """
+
+    sampler: str
+    """``"poisson"`` or ``"fixed_size"``."""
+    relation: str
+    """:data:`ADD_REMOVE` or :data:`SUBSTITUTE`: the relation of the guarantee."""
+    pair: str
+    """The composed pair (see above)."""
+    noise_divisor: float
+    """σ of the pair = σ of the run / ``noise_divisor``."""
+
+    def engine_phases(self, phases: Sequence[Phase]) -> list:
+        """The phases as the composed pair sees them (σ divided by ``noise_divisor``)."""
+        return [Phase(p.sigma / self.noise_divisor, p.q, p.num_steps) for p in phases]
+
+    def describe(self) -> str:
+        """A one-line description, e.g. ``"fixed-size sampling without
+        replacement, substitute relation"``."""
+        names = {"poisson": "Poisson sampling",
+                 "fixed_size": "fixed-size sampling without replacement"}
+        return f"{names[self.sampler]}, {self.relation.replace('_', '/')} relation"
+
+    def epsilon(self, sigma: float, q: float, num_steps: int, delta: float,
+                accountant: str = "fourier") -> float:
+        """:func:`compute_epsilon` for this sampler and relation."""
+        return compute_epsilon(sigma, q, num_steps, delta, relation=self.relation,
+                               sampler=self.sampler, accountant=accountant)
+
+    def delta(self, sigma: float, q: float, num_steps: int, epsilon: float,
+              accountant: str = "fourier") -> float:
+        """:func:`compute_delta` for this sampler and relation."""
+        return compute_delta(sigma, q, num_steps, epsilon, relation=self.relation,
+                             sampler=self.sampler, accountant=accountant)
+
+    def tracker(self, sigma: float, q: float, delta: float, **kwargs) -> "EpsilonTracker":
+        """An :class:`EpsilonTracker` for this sampler and relation."""
+        return EpsilonTracker(sigma, q, delta, relation=self.relation, sampler=self.sampler, **kwargs)
+
+    def calibrate(self, target_eps: float, delta: float, q: float, num_steps: int, **kwargs):
+        """:func:`d3p.dputil.calibrate_sigma` for this sampler and relation:
+        ``(sigma, eps, num_evals)``."""
+        from d3p import dputil
+
+        return dputil.calibrate_sigma(target_eps, delta, q, num_steps, sampler=self.sampler,
+                                      relation=self.relation, **kwargs)
+
+    def overflow_delta(self, num_records: int, q: float, max_batch_size: int,
+                       num_steps: int, epsilon: float) -> float:
+        """What a sampler's deviation from its accounted distribution adds to
+        δ over ``num_steps`` steps: for Poisson sampling padded to
+        ``max_batch_size``, the truncation of overflowing batches
+        (:func:`d3p.minibatch.poisson_overflow_delta`); 0 for fixed-size
+        batches, which are exactly what is accounted. ``inf`` ε gives 0 (no
+        guarantee to add to)."""
+        if self.sampler != "poisson" or not math.isfinite(epsilon):
+            return 0.0
+        from d3p import minibatch
+
+        return minibatch.poisson_overflow_delta(num_records, q, max_batch_size, num_steps, epsilon)
+
+
+def accounting_for(sampler: Optional[str] = None, relation: Optional[str] = None) -> SamplerAccounting:
+    """The accounting of runs whose batches come from ``sampler``, with the
+    guarantee stated under ``relation``: the one mapping from samplers to
+    composed privacy-loss pairs, used by every accountant, calibration,
+    :meth:`d3p.svi.DPSVI.run`, twins and the command line.
+
+    Defaults: neither given, Poisson sampling under add/remove; only
+    ``sampler``, that sampler's relation in :data:`SAMPLER_RELATIONS`; only
+    ``relation``: add/remove means Poisson sampling, substitute means
+    fixed-size batches (the meaning of d3p's substitute-relation functions
+    such as :func:`d3p.dputil.approximate_sigma`).
+
+    **Formal guarantees** (the pairs dominate the sampled Gaussian sum
+    mechanism with clipping threshold C and noise std σC, for the relation
+    stated; Zhu, Dong & Wang 2022, "Optimal accounting of differential privacy
+    via characteristic function", give dominating pairs for Poisson and
+    without-replacement subsampling under both relations):
+
+    * Poisson, add/remove: adding or removing one record changes the sum by a
+      vector of norm ≤ C when the record is sampled (probability q) and by
+      nothing otherwise; the worst case is N(0, σ²) vs (1-q)N(0, σ²) +
+      qN(1, σ²) in units of C, in both directions (Mironov, Talwar & Zhang
+      2019; Zhu et al. 2022, Poisson subsampling).
+    * Poisson, substitute: the substituted record enters both sums with the
+      same probability q, and when it is not sampled its slot is empty, so
+      the sums differ by (x - x') with probability q; centred at the
+      midpoint, the pair (1-q)N(0)+qN(1) vs (1-q)N(0)+qN(-1) (with ‖x - x'‖
+      ≤ 2C) dominates (Zhu et al. 2022, Poisson subsampling under the
+      substitute relation).
+    * Fixed size B without replacement, substitute: the batch always holds B
+      records, so when the substituted record is not sampled its slot is
+      filled by another record, which may equal it. D: every clipped
+      contribution +C; D': record 0 at -C. Every batch of D sums to BC; a
+      batch of D' sums to (B-2)C with probability q = B/N and to BC
+      otherwise: N(0, σ²) vs (1-q)N(0, σ²) + qN(-2, σ²), i.e. the add/remove
+      pair with noise multiplier σ/2, in both directions; it dominates every
+      pair of neighbouring data sets under this sampler (Zhu et al. 2022,
+      sampling without replacement; Lebeda, Regehr, Kamath & Steinke 2024,
+      arXiv:2405.20769). The midpoint pair is optimistic here.
+    * Fixed size under add/remove is refused: the batch size or q would
+      change with N, which is not covered.
+
+    :param str sampler: ``"poisson"`` or ``"fixed_size"`` (aliases
+        ``"fixed"``, ``"subsample_batchify_data"``, ``"poisson_batchify_data"``).
+    :param str relation: :data:`ADD_REMOVE` or :data:`SUBSTITUTE` (aliases as
+        :func:`normalize_relation`).
+    :return: :class:`SamplerAccounting`.
+    :raises ValueError: for unknown names or an unsupported combination.
+
+    >>> from d3p.accounting import accounting_for
+    >>> accounting_for("fixed_size").noise_divisor
+    2.0
+    >>> accounting_for().describe()
+    'Poisson sampling, add/remove relation'
+    """
+    if sampler is None:
+        if relation is None:
+            sampler = "poisson"
+        else:
+            sampler = "fixed_size" if normalize_relation(relation) == SUBSTITUTE else "poisson"
+    sampler = _normalize_sampler(sampler)
+    relation = SAMPLER_RELATIONS[sampler] if relation is None else normalize_relation(relation)
+    if sampler == "poisson":
+        return SamplerAccounting(sampler, relation, relation, 1.0)
+    if relation != SUBSTITUTE:
+        raise ValueError(
+            f"Expected relation='substitute' for sampler='fixed_size', got relation={relation!r}: "
+            "fixed-size batches are accounted under the substitute relation only; use "
+            "sampler='poisson' for add/remove."
+        )
+    return SamplerAccounting(sampler, SUBSTITUTE, ADD_REMOVE, 2.0)
 
 
 def _check_phases(phases) -> list:
@@ -1080,8 +1249,9 @@ def compose_epsilon(
     phases: Iterable[Union[Phase, tuple]],
     delta: float,
     *,
-    relation: str,
+    relation: Optional[str] = None,
     accountant: str = "fourier",
+    sampler: Optional[str] = None,
 ) -> float:
     """ε at ``delta`` for a run made of phases with different settings.
 
@@ -1091,9 +1261,11 @@ def compose_epsilon(
 
     :param phases: sequence of ``(sigma, q, num_steps)``.
     :param float delta: δ in (0, 1).
-    :param str relation: :data:`ADD_REMOVE` or :data:`SUBSTITUTE`; must match
-        the sampler used in every phase (see :func:`relation_for_sampler`).
+    :param str relation: :data:`ADD_REMOVE` or :data:`SUBSTITUTE`.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"``.
+    :param str sampler: the sampler of every phase, ``"poisson"`` or
+        ``"fixed_size"``; with ``relation``, resolved by :func:`accounting_for`
+        (default: Poisson under add/remove).
     :return: ε ≥ 0; ``inf`` if some phase with steps has σ = 0.
 
     **Formal guarantees**: as :func:`compute_epsilon`, for the composition.
@@ -1103,19 +1275,20 @@ def compose_epsilon(
     >>> 0.5 < eps < 1.5
     True
     """
-    relation = normalize_relation(relation)
+    acc = accounting_for(sampler, relation)
     accountant = _check_accountant(accountant)
     delta = _check_delta(delta)
     phases = _check_phases(phases)
-    return _epsilon_impl(relation, phases, delta, accountant)[0]
+    return _epsilon_impl(acc.pair, acc.engine_phases(phases), delta, accountant)[0]
 
 
 def compose_delta(
     phases: Iterable[Union[Phase, tuple]],
     epsilon: float,
     *,
-    relation: str,
+    relation: Optional[str] = None,
     accountant: str = "fourier",
+    sampler: Optional[str] = None,
 ) -> float:
     """δ at ``epsilon`` for a run made of phases with different settings.
 
@@ -1123,15 +1296,16 @@ def compose_delta(
     :param float epsilon: ε ≥ 0.
     :param str relation: :data:`ADD_REMOVE` or :data:`SUBSTITUTE`.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"``.
+    :param str sampler: ``"poisson"`` or ``"fixed_size"`` (see :func:`accounting_for`).
     :return: δ in [0, 1].
 
     **Formal guarantees**: as :func:`compute_delta`, for the composition.
     """
-    relation = normalize_relation(relation)
+    acc = accounting_for(sampler, relation)
     accountant = _check_accountant(accountant)
     epsilon = _check_epsilon(epsilon)
     phases = _check_phases(phases)
-    return _delta_impl(relation, phases, epsilon, accountant)
+    return _delta_impl(acc.pair, acc.engine_phases(phases), epsilon, accountant)
 
 
 def compute_epsilon(
@@ -1140,8 +1314,9 @@ def compute_epsilon(
     num_steps: int,
     delta: float,
     *,
-    relation: str,
+    relation: Optional[str] = None,
     accountant: str = "fourier",
+    sampler: Optional[str] = None,
 ) -> float:
     """ε at ``delta`` for ``num_steps`` steps of the subsampled Gaussian
     mechanism with noise multiplier ``sigma`` and sampling probability ``q``.
@@ -1151,15 +1326,21 @@ def compute_epsilon(
     :param float q: sampling probability in (0, 1]; q = 1 means no subsampling.
     :param int num_steps: number of steps T ≥ 0 (T = 0 gives 0).
     :param float delta: δ in (0, 1); choose it well below 1/N.
-    :param str relation: :data:`ADD_REMOVE` for Poisson sampling,
-        :data:`SUBSTITUTE` for fixed-size sampling without replacement.
-        Required: the relation must match the sampler.
+    :param str relation: :data:`ADD_REMOVE` or :data:`SUBSTITUTE`.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"``
         (needs the optional ``dp-accounting`` package).
+    :param str sampler: ``"poisson"`` or ``"fixed_size"``. ``sampler`` and
+        ``relation`` are resolved by :func:`accounting_for`: neither given,
+        Poisson under add/remove; ``relation=SUBSTITUTE`` alone means
+        fixed-size batches without replacement, accounted with the add/remove
+        pair at noise multiplier σ/2; ``sampler="poisson",
+        relation=SUBSTITUTE`` uses the midpoint pair.
     :return: ε ≥ 0.
 
-    **Formal guarantees** (relation as given; the mechanism releases every
-    step's noisy sum, adaptive composition):
+    **Formal guarantees** (for the sampler and relation as resolved by
+    :func:`accounting_for`, whose docstring gives each pair's proof; the
+    mechanism releases every step's noisy sum, adaptive composition; below,
+    "add/remove pair" and "midpoint pair" are the pairs composed):
 
     * ``"fourier"``: the returned ε is an upper bound on the ε of the
       mechanism, with the numerical error of the accountant included, as far
@@ -1167,8 +1348,8 @@ def compute_epsilon(
 
       - the grid window [-L, L] is chosen by d3p so that a tail bound on the
         mass of the composed privacy-loss distribution above L (Chernoff with
-        the exact cumulant generating function for ``ADD_REMOVE``, accurate
-        quadrature for ``SUBSTITUTE``; Bennett's inequality for the losses
+        the exact cumulant generating function for the add/remove pair,
+        accurate quadrature for the midpoint pair; Bennett's inequality for the losses
         truncated at a level each step exceeds with negligible probability)
         is at most 1e-3·δ; ε is read at δ minus that bound, so truncated mass
         can only make ε larger;
@@ -1183,13 +1364,13 @@ def compute_epsilon(
         oscillating values); the larger of the last two plus twice their
         difference is returned (covers convergence of order ≥ 1/2). If mass reaches the window's edges the window is widened
         first;
-      - ``SUBSTITUTE``: the fourier-accountant package (public
+      - midpoint pair: the fourier-accountant package (public
         ``get_delta_S``, which samples the loss density on the same grid)
         must give a δ at the certified ε at most 2% above the target (on the
         same grid, or on one 4 or 16 times finer, since it samples the
         density at the grid points); if it does not, the two implementations
         disagree and the RDP bound is
-        returned. (Not applied under ``ADD_REMOVE``: there the package's
+        returned. (Not applied to the add/remove pair: there the package's
         one-step density has a near-singular peak just above log(1-q) that
         point sampling misses; its δ was measured at 0 to 20 times the
         tight value, and its ε at its default grid 4% too low, in the cases
@@ -1201,16 +1382,18 @@ def compute_epsilon(
       - where no grid verifies (or the FFT round-off exceeds δ/20)
         the RDP bound is returned instead (see ``"rdp"``).
 
-      For ``ADD_REMOVE`` the remove direction is analysed, which dominates the
-      add direction for the subsampled Gaussian (checked against
-      dp-accounting, which takes the maximum of both).
-    * ``"rdp"``: for ``ADD_REMOVE`` a rigorous upper bound (exact
-      integer-order RDP); for ``SUBSTITUTE`` the RDP of the substitute pair by
+      For the add/remove pair the remove direction is analysed, which
+      dominates the add direction for the subsampled Gaussian (checked
+      against dp-accounting called directly, which takes the maximum of
+      both, in tests/test_accounting_reference.py).
+    * ``"rdp"``: for the add/remove pair a rigorous upper bound (exact
+      integer-order RDP); for the midpoint pair its RDP by
       quadrature, checked at two resolutions (orders where they disagree are
       dropped). Converted to (ε, δ) with Canonne, Kamath, Steinke (2020).
     * ``"pld"``: dp-accounting's pessimistic estimate.
     * q = 1 (all phases): exact closed form of the Gaussian mechanism with
-      μ = Δ·sqrt(T)/σ (Δ = 1 for add/remove, 2 for substitute), rounded up.
+      μ = Δ·sqrt(T)/σ (Δ = 1 for add/remove, 2 for substitute under either
+      sampler), rounded up.
     * σ = 0 with T ≥ 1 gives ``inf``; T = 0 gives 0; σ = inf gives 0.
 
     >>> from d3p.accounting import compute_epsilon, ADD_REMOVE
@@ -1218,10 +1401,10 @@ def compute_epsilon(
     3.77
     """
     phase = Phase(_check_sigma(sigma), _check_q(q), _check_steps(num_steps))
-    relation = normalize_relation(relation)
+    acc = accounting_for(sampler, relation)
     accountant = _check_accountant(accountant)
     delta = _check_delta(delta)
-    return _epsilon_impl(relation, [phase], delta, accountant)[0]
+    return _epsilon_impl(acc.pair, acc.engine_phases([phase]), delta, accountant)[0]
 
 
 def compute_delta(
@@ -1230,8 +1413,9 @@ def compute_delta(
     num_steps: int,
     epsilon: float,
     *,
-    relation: str,
+    relation: Optional[str] = None,
     accountant: str = "fourier",
+    sampler: Optional[str] = None,
 ) -> float:
     """δ at ``epsilon`` for ``num_steps`` steps of the subsampled Gaussian
     mechanism with noise multiplier ``sigma`` and sampling probability ``q``.
@@ -1240,8 +1424,10 @@ def compute_delta(
     :param float q: sampling probability in (0, 1].
     :param int num_steps: number of steps T ≥ 0.
     :param float epsilon: ε ≥ 0.
-    :param str relation: :data:`ADD_REMOVE` or :data:`SUBSTITUTE` (required).
+    :param str relation: :data:`ADD_REMOVE` or :data:`SUBSTITUTE`.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"``.
+    :param str sampler: ``"poisson"`` or ``"fixed_size"`` (resolved with
+        ``relation`` by :func:`accounting_for`, as in :func:`compute_epsilon`).
     :return: δ in [0, 1].
 
     **Formal guarantees**: an upper bound on δ(ε) with the numerical error
@@ -1253,10 +1439,10 @@ def compute_delta(
     used at all (its exact δ for a non-private query).
     """
     phase = Phase(_check_sigma(sigma), _check_q(q), _check_steps(num_steps))
-    relation = normalize_relation(relation)
+    acc = accounting_for(sampler, relation)
     accountant = _check_accountant(accountant)
     epsilon = _check_epsilon(epsilon)
-    return _delta_impl(relation, [phase], epsilon, accountant)
+    return _delta_impl(acc.pair, acc.engine_phases([phase]), epsilon, accountant)
 
 
 class EpsilonTracker:
@@ -1271,10 +1457,12 @@ class EpsilonTracker:
     :param float sigma: noise multiplier σ ≥ 0.
     :param float q: sampling probability in (0, 1].
     :param float delta: δ in (0, 1).
-    :param str relation: :data:`ADD_REMOVE` or :data:`SUBSTITUTE` (required).
+    :param str relation: :data:`ADD_REMOVE` or :data:`SUBSTITUTE`.
     :param int num_steps: planned total number of steps (optional).
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"``.
     :param float growth: ratio of the geometric grid, > 1 (default 1.1).
+    :param str sampler: ``"poisson"`` or ``"fixed_size"`` (resolved with
+        ``relation`` by :func:`accounting_for`).
 
     **Formal guarantees**: ``epsilon(t)`` ≥ the ε of the first t steps, with
     the guarantees of :func:`compute_epsilon` (it is :func:`compute_epsilon` at
@@ -1293,15 +1481,18 @@ class EpsilonTracker:
         q: float,
         delta: float,
         *,
-        relation: str,
+        relation: Optional[str] = None,
         num_steps: Optional[int] = None,
         accountant: str = "fourier",
         growth: float = 1.1,
+        sampler: Optional[str] = None,
     ):
         self.sigma = _check_sigma(sigma)
         self.q = _check_q(q)
         self.delta = _check_delta(delta)
-        self.relation = normalize_relation(relation)
+        self.accounting = accounting_for(sampler, relation)
+        self.relation = self.accounting.relation
+        self.sampler = self.accounting.sampler
         self.accountant = _check_accountant(accountant)
         self.num_steps = None if num_steps is None else _check_steps(num_steps)
         growth = _as_float("growth", growth)
@@ -1324,7 +1515,8 @@ class EpsilonTracker:
     def _eps_at(self, t: int) -> float:
         if t not in self._cache:
             self._cache[t] = compute_epsilon(
-                self.sigma, self.q, t, self.delta, relation=self.relation, accountant=self.accountant
+                self.sigma, self.q, t, self.delta, relation=self.relation,
+                accountant=self.accountant, sampler=self.sampler,
             )
         return self._cache[t]
 
@@ -1346,5 +1538,5 @@ class EpsilonTracker:
 
     def __repr__(self) -> str:
         return (f"EpsilonTracker(sigma={self.sigma!r}, q={self.q!r}, delta={self.delta!r}, "
-                f"relation={self.relation!r}, num_steps={self.num_steps!r}, "
+                f"relation={self.relation!r}, sampler={self.sampler!r}, num_steps={self.num_steps!r}, "
                 f"accountant={self.accountant!r})")

@@ -9,7 +9,7 @@ batch size ``B`` (the number of record slots, real or padded).
 """
 
 import logging
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,6 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 import d3p.random
-from d3p import _ghost
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +50,13 @@ class ClippedSum(NamedTuple):
       gradients (a pytree like the parameters).
     - **losses** - per-record losses, shape ``(B,)``, 0 for padded records.
       NOT private: never release them.
-    - **norms** - per-record total gradient norms before clipping, shape
-      ``(B,)``, 0 for padded records. NOT private.
+    - **norms** - per record, the upper bound of its total gradient norm
+      from which its clipping factor was computed, shape ``(B,)``, 0 for
+      padded records, ``inf`` for non-finite gradients. It includes the
+      rounding of computing the norm and of summing the record into the
+      batch: within a few units of roundoff (times ``sqrt`` of the leaf size)
+      of the exact norm, except under ``"ghost"`` for records whose rows
+      cancel (see :func:`clipped_grad_sum`). NOT private.
     """
 
     grad_sum: PyTree
@@ -60,21 +64,261 @@ class ClippedSum(NamedTuple):
     norms: jax.Array
 
 
-def total_norm(tree: PyTree) -> jax.Array:
-    """The L2 norm of all leaves of ``tree`` taken together as one vector.
+# ---------------------------------------------------------------------------
+# Floating-point bounds: the norm used for clipping and the clip factor.
+#
+# Every per-record norm used for clipping is an upper bound of the exact norm
+# of the values that are then scaled and summed, proven from IEEE rounding
+# alone: each operation on floats of unit roundoff u is exact up to a factor
+# (1 + d), |d| <= u, except that results below the smallest normal number
+# may be flushed to zero (XLA's CPU backend does so, and treats such inputs
+# as zero). Reductions and products are allowed any order of summation: a
+# sum of n terms is exact up to gamma(n - 1) * (sum of their magnitudes),
+# gamma(k) = k u / (1 - k u) (Higham, "Accuracy and Stability of Numerical
+# Algorithms", 2nd ed., sections 3.1 and 4.2). The private helper
+# d3p._ghost uses these same primitives for ghost norms.
+# ---------------------------------------------------------------------------
 
-    Computed with scaling by the largest magnitude, so that large finite
-    gradients do not overflow to ``inf``. Returns ``nan`` or ``inf`` if any
-    entry is non-finite.
+
+class _Rounding(NamedTuple):
+    """Rounding constants of the coarsest of some float dtypes (Python floats)."""
+
+    u: float  # unit roundoff
+    eps: float  # 2 u: the spacing of floats just above 1
+    tiny: float  # smallest normal number; smaller results may be flushed to zero
+
+
+def _acc_dtype(*dtypes):
+    """The dtype in which bounds are computed: the widest float among ``dtypes``, at least float32."""
+    return jnp.result_type(jnp.float32, *[jnp.dtype(d) for d in dtypes])
+
+
+def _rounding(*dtypes) -> _Rounding:
+    fs = [jnp.finfo(d) for d in dtypes] or [jnp.finfo(jnp.float32)]
+    eps = max(float(f.eps) for f in fs)
+    return _Rounding(eps / 2, eps, max(float(f.tiny) for f in fs))
+
+
+def _gamma(k: float, rnd: _Rounding) -> float:
+    """gamma(k) = k u / (1 - k u): the relative error bound of k roundings."""
+    ku = k * rnd.u
+    if ku >= 0.25:
+        raise ValueError(
+            f"Expected fewer than {int(0.25 / rnd.u)} roundings in one error bound, got {k}: "
+            "use a smaller chunk_size (or memory_budget_bytes)."
+        )
+    return ku / (1 - ku)
+
+
+def _up(x: jax.Array, k: float, rnd: _Rounding) -> jax.Array:
+    """``x * (1 + gamma(k + 1))``, rounded: at least the exact value of which ``x``
+    is a lower estimate with ``k`` roundings (``x >= exact * (1 - u)^k``, ``x >= 0``),
+    including the rounding of this multiplication itself."""
+    if k <= 0:
+        return x
+    steps = int(np.ceil(_gamma(k + 1, rnd) / rnd.eps)) + 1
+    return x * np.asarray(1.0 + steps * rnd.eps, x.dtype)  # exactly representable
+
+
+def _exponent(peak: jax.Array) -> jax.Array:
+    """``e`` with ``2^e <= peak < 2^(e+1)`` for normal ``peak >= 0`` (from the bits,
+    exactly); the smallest normal exponent for zero and subnormal ``peak``."""
+    f = jnp.finfo(peak.dtype)
+    int_t = {4: jnp.int32, 8: jnp.int64}[peak.dtype.itemsize]
+    bits = lax.bitcast_convert_type(peak, int_t)
+    biased = lax.shift_right_logical(bits, np.asarray(f.nmant, int_t))
+    biased = lax.bitwise_and(biased, np.asarray((1 << (f.bits - 1 - f.nmant)) - 1, int_t))
+    return lax.max(biased, np.asarray(1, int_t)).astype(jnp.int32) - np.int32(f.maxexp - 1)
+
+
+def _pow2(k: jax.Array, dtype) -> jax.Array:
+    """Exactly ``2^k`` for integer ``k`` in the normal range of ``dtype`` (clamped to it)."""
+    f = jnp.finfo(dtype)
+    int_t = {4: jnp.int32, 8: jnp.int64}[jnp.dtype(dtype).itemsize]
+    k = lax.clamp(np.int32(f.minexp), jnp.asarray(k, jnp.int32), np.int32(f.maxexp - 1)).astype(int_t)
+    biased = lax.shift_left(k + np.asarray(f.maxexp - 1, int_t), np.asarray(f.nmant, int_t))
+    return lax.bitcast_convert_type(biased, jnp.dtype(dtype))
+
+
+def _scale_exponent(peak: jax.Array) -> jax.Array:
+    """``s`` such that ``peak * 2^s`` lies in [1, 4) for normal ``peak``; ``2^s`` is normal."""
+    f = jnp.finfo(peak.dtype)
+    return lax.clamp(np.int32(f.minexp), -_exponent(peak), np.int32(f.maxexp - 2))
+
+
+def _times_pow2(x: jax.Array, k: jax.Array) -> jax.Array:
+    """``x * 2^k`` for integer ``k`` in twice the normal exponent range: exact
+    unless the result overflows (to ``inf``) or is below the smallest normal
+    number (then it may be flushed); the two factors have the same sign of
+    exponent, so the intermediate never overflows or flushes when the result does not."""
+    k = jnp.asarray(k, jnp.int32)
+    k1 = lax.shift_right_arithmetic(k, np.int32(1))  # floor(k / 2)
+    return (x * _pow2(k1, x.dtype)) * _pow2(k - k1, x.dtype)
+
+
+# Below this many terms a sum is one reduction (error bound gamma(n - 1));
+# above it, two levels of about sqrt(n) terms (gamma(2 sqrt(n))), which costs
+# an optimization barrier.
+_BLOCKED_SUM_MIN = 1024
+
+
+def _blocked_sum(x: jax.Array, naxes: int) -> Tuple[jax.Array, int]:
+    """Sum over the last ``naxes`` axes; returns ``(sum, depth)``: every term
+    passes through at most ``depth`` additions, so the error is at most
+    ``gamma(depth)`` times the sum of magnitudes, for any order of summation.
+
+    Above ``_BLOCKED_SUM_MIN`` terms: a sum of about ``sqrt(n)`` partial sums
+    of about ``sqrt(n)`` terms each, with an optimization barrier between the
+    two levels so that the compiler cannot merge them into one reduction of
+    unknown order."""
+    lead = x.shape[: x.ndim - naxes]
+    n = int(np.prod(x.shape[x.ndim - naxes:], dtype=np.int64))
+    x = x.reshape(lead + (n,))
+    if n <= _BLOCKED_SUM_MIN:
+        return jnp.sum(x, axis=-1), max(n - 1, 0)
+    k = int(np.ceil(np.sqrt(n)))
+    m = -(-n // k)
+    if m * k > n:
+        x = jnp.concatenate([x, jnp.zeros(lead + (m * k - n,), x.dtype)], axis=-1)
+    partial = lax.optimization_barrier(jnp.sum(x.reshape(lead + (m, k)), axis=-1))
+    return jnp.sum(partial, axis=-1), (k - 1) + (m - 1)
+
+
+def _scaled_norm_bound(xs: jax.Array, naxes: int, rnd: _Rounding) -> jax.Array:
+    """Upper bound of the L2 norm over the last ``naxes`` axes of ``xs`` (entries of
+    magnitude below 4), including squares flushed to zero."""
+    n = int(np.prod(xs.shape[xs.ndim - naxes:], dtype=np.int64))
+    total, depth = _blocked_sum(jnp.square(xs), naxes)
+    # squares below `tiny` may be flushed: at most n * tiny in total, i.e. at
+    # most sqrt(n * tiny) in the norm (sqrt(a + b) <= sqrt(a) + sqrt(b))
+    flushed = np.asarray(2.0 * np.sqrt(n * rnd.tiny), xs.dtype)
+    # squares: 1 rounding; sums: depth; halved by the square root, which adds
+    # at most 2 (allowing for a square root that is not correctly rounded);
+    # the addition of `flushed`: 1
+    return _up(jnp.sqrt(total) + flushed, -(-(depth + 1) // 2) + 3, rnd)
+
+
+def _norm_bound(x: jax.Array, naxes: int = 1) -> jax.Array:
+    """Upper bound of the L2 norm of ``x`` over its last ``naxes`` axes, in a dtype
+    of at least float32: ``inf`` if any entry is non-finite or if the bound
+    overflows, otherwise at least the exact norm of the finite values of ``x``
+    minus ``sqrt(n) * tiny`` (entries below the smallest normal number, which a
+    backend may treat as zero). Scaled by a power of two (exact) so that large
+    and small finite entries neither overflow nor underflow; within a factor
+    ``1 + (sqrt(n) + 5) u`` of the exact norm.
+    """
+    acc = _acc_dtype(x.dtype)
+    rnd = _rounding(acc)
+    a = jnp.abs(x.astype(acc))
+    axes = tuple(range(a.ndim - naxes, a.ndim))
+    peak = jnp.max(a, axis=axes) if a.size else jnp.zeros(a.shape[: a.ndim - naxes], acc)
+    s = _scale_exponent(peak)
+    scaled = a * _pow2(s, acc).reshape(s.shape + (1,) * naxes)
+    bound = _times_pow2(_scaled_norm_bound(scaled, naxes, rnd), -s)
+    return jnp.where(jnp.isfinite(peak), bound, jnp.inf)
+
+
+def _flush_slack(size: int, dtypes) -> float:
+    """Bound of the norm of ``size`` entries of a per-record gradient that a
+    backend may treat as zero when computing its norm (below the smallest
+    normal number of the dtype of the norm) plus the gradual underflow of
+    as many products with the clip factor (half the smallest subnormal number
+    of the gradient's dtype each; results flushed to zero only shrink)."""
+    tiny = float(jnp.finfo(_acc_dtype(*dtypes)).tiny)
+    sub = max([float(jnp.finfo(d).smallest_subnormal) for d in dtypes] or [0.0])
+    return 2.0 * np.sqrt(max(size, 1)) * (tiny + sub) * (1 + 1e-3)  # the margin covers conversion
+
+
+def _clip_factor(bound: jax.Array, clipping_threshold, abs_err=0.0, dtypes=()) -> jax.Array:
+    """The factor ``f`` in [0, 1] by which a record's gradient is scaled.
+
+    :param bound: per record, ``M``: an upper bound of the norm of the record's
+        contribution to the sum per unit of ``f``, including the rounding of
+        forming and summing it, but not that of multiplying by ``f`` (a relative
+        ``u`` per entry, covered here).
+    :param clipping_threshold: ``C``.
+    :param abs_err: per record, an absolute error of the contribution that does
+        not scale with ``f`` (values flushed below the smallest normal number).
+    :param dtypes: the dtypes in which ``f`` is applied and the result summed.
+
+    ``f = 1`` if ``M (1 + 16 u) <= C - abs_err`` (the record is unchanged);
+    otherwise ``f`` is ``(C - abs_err) / (M (1 + 16 u))`` rounded, or 0 if that
+    is below the smallest normal number (where its relative rounding error is
+    not bounded by ``u``) or if ``M`` or ``abs_err`` is not finite. Then
+    ``f (1 + u)^k M + abs_err <= C`` for up to ``k = 10`` further roundings of
+    each entry (converting ``f`` to the gradient's dtype, the multiplication,
+    converting the sum): with ``m = fl(M (1 + 16 u)) >= M (1 + 16 u)(1 - u)``
+    and ``f <= (C - abs_err)(1 + u)^2 / m`` (rounding of ``C - abs_err`` and of
+    the division), ``f (1 + u)^k M <= (C - abs_err)(1 + u)^(k + 2) / ((1 + 16 u)(1 - u))``,
+    which is below ``C - abs_err`` for ``k + 2 <= 13``. When ``f = 1`` is
+    returned, ``fl((C - abs_err) / m) >= 1`` gives ``M <= (C - abs_err)(1 - 13 u)``.
+    """
+    rnd = _rounding(bound.dtype, *dtypes)
+    room = jnp.asarray(clipping_threshold, bound.dtype) - jnp.asarray(abs_err, bound.dtype)
+    m = bound * np.asarray(1.0 + 8 * rnd.eps, bound.dtype)
+    # non-finite M or abs_err give 0, inf or nan here, hence f = 0 below
+    f = room / m
+    f = jnp.where(f >= 1, jnp.ones_like(f), f)
+    return jnp.where(f >= rnd.tiny, f, jnp.zeros_like(f))  # also nan, negative
+
+
+def total_norm(tree: PyTree) -> jax.Array:
+    """An upper bound of the L2 norm of all leaves of ``tree`` taken together as one vector.
+
+    Exact up to a relative ``(sqrt(n) + 5) u`` (``u`` the unit roundoff of the
+    leaves' dtype, at least float32's; ``n`` the largest leaf size), and never
+    below the exact norm of the values less ``2 sqrt(P) tiny`` (``P`` entries;
+    ``tiny`` the smallest normal number: entries below it may be treated as
+    zero by the backend, and :func:`clip_gradient` allows for them).
+    Computed with exact scaling by powers of two, so that large finite
+    gradients do not overflow to ``inf`` and tiny ones do not underflow.
+    Returns ``inf`` if any entry is non-finite (or the norm exceeds the
+    largest float).
+
+    >>> import jax.numpy as jnp
+    >>> float(total_norm({"a": jnp.array([3.0]), "b": jnp.array([[4.0]])}))  # doctest: +ELLIPSIS
+    5.000...
     """
     leaves = [jnp.ravel(x) for x in jax.tree.leaves(tree)]
     if not leaves:
         return jnp.zeros(())
-    flat = jnp.concatenate(leaves)
-    peak = jnp.max(jnp.abs(flat))
-    safe_peak = jnp.where((peak > 0) & jnp.isfinite(peak), peak, 1.0)
-    scaled = jnp.sqrt(jnp.sum(jnp.square(flat / safe_peak))) * safe_peak
-    return jnp.where(jnp.isfinite(peak), scaled, jnp.inf)
+    return _norm_bound(jnp.stack([_norm_bound(x) for x in leaves]))
+
+
+def _rows(x: jax.Array) -> jax.Array:
+    """``x`` as (leading axis, all other entries), also for a leading axis of 0."""
+    return x.reshape((x.shape[0], int(np.prod(x.shape[1:], dtype=np.int64))))
+
+
+def _clip_records(grads: PyTree, clipping_threshold, sum_depth: int):
+    """Clip per-record gradients (leading axis ``B`` on every leaf).
+
+    ``sum_depth``: the most additions any entry passes through when the clipped
+    gradients are summed over records; the rounding that a record's entries can
+    cause there, ``gamma(sum_depth)`` times their magnitudes, is counted as part
+    of its contribution. Returns ``(clipped, bounds)``; records with non-finite
+    entries get zeros (``where``, so that ``nan`` does not reach the sum).
+    """
+    leaves = jax.tree.leaves(grads)
+    if not leaves:
+        return grads, jnp.zeros((0,))
+    B = leaves[0].shape[0]
+    dtypes = [x.dtype for x in leaves]
+    acc = _acc_dtype(*dtypes)
+    rnd = _rounding(acc, *dtypes)
+    per_leaf = jnp.stack([_norm_bound(_rows(g)).astype(acc) for g in leaves], axis=1)
+    bound = _up(_norm_bound(per_leaf), sum_depth, rnd)
+    size = sum(_rows(x).shape[1] for x in leaves)
+    factor = _clip_factor(bound, clipping_threshold, _flush_slack(size, dtypes), dtypes)
+    # f > 0 implies a finite bound; testing f (not the bound) keeps the chain
+    # that XLA may recompute for every entry short
+    keep = factor > 0
+
+    def apply(g):
+        shape = (B,) + (1,) * (g.ndim - 1)
+        return jnp.where(keep.reshape(shape), g * factor.reshape(shape).astype(g.dtype), jnp.zeros_like(g))
+
+    return jax.tree.map(apply, grads), bound
 
 
 def clip_gradient(grad: PyTree, clipping_threshold: float):
@@ -83,36 +327,35 @@ def clip_gradient(grad: PyTree, clipping_threshold: float):
     :param grad: one record's gradient (any pytree of arrays).
     :param float clipping_threshold: ``C > 0``; ``inf`` leaves finite gradients
         unchanged.
-    :return: ``(clipped, norm)``: the clipped gradient and the total norm of
-        ``grad`` before clipping.
+    :return: ``(clipped, norm)``: the clipped gradient and :func:`total_norm`
+        of ``grad`` (an upper bound of its norm) before clipping.
 
-    **Formal guarantees.** ``total_norm(clipped) <= C`` for every input,
-    up to floating-point rounding of ``C / norm`` (relative 1e-6 in float32).
-    A gradient with any non-finite entry (``nan``, ``inf``) is replaced by
+    **Formal guarantees.** The exact L2 norm of the returned values (all
+    leaves together) is at most ``C``, for every input and every ``C > 0``,
+    whatever the rounding: the factor is computed by ``_clip_factor`` from
+    :func:`total_norm`, an upper bound of the norm that covers the rounding of
+    computing it, and leaves room for the rounding of the multiplication and
+    for entries below the smallest normal number (see ``_clip_factor``). A
+    gradient with any non-finite entry (``nan``, ``inf``) is replaced by
     zeros, so it contributes nothing rather than breaking the bound. A
-    gradient with norm at most ``C`` is returned unchanged.
+    gradient whose norm bound, increased by 16 units of roundoff, is at most
+    ``C`` is returned unchanged; a clipped gradient has norm within a few
+    units of roundoff times ``sqrt(n)`` below ``C``.
 
     **Example**
 
     >>> import jax.numpy as jnp
     >>> grad = {"w": jnp.array([3.0, 4.0]), "b": jnp.array([0.0])}
     >>> clipped, norm = clip_gradient(grad, 1.0)
-    >>> float(norm), float(total_norm(clipped))
+    >>> round(float(norm), 5), round(float(total_norm(clipped)), 5)
     (5.0, 1.0)
-    >>> clipped["w"]
-    Array([0.6, 0.8], dtype=float32)
+    >>> [round(v, 5) for v in clipped["w"].tolist()]
+    [0.6, 0.8]
     >>> clip_gradient({"w": jnp.array([jnp.nan, 1.0])}, 1.0)[0]["w"].tolist()
     [0.0, 0.0]
     """
-    norm = total_norm(grad)
-    finite = jnp.isfinite(norm)
-    safe_norm = jnp.where(finite & (norm > 0), norm, 1.0)
-    factor = jnp.where(norm > clipping_threshold, clipping_threshold / safe_norm, 1.0)
-    factor = jnp.where(finite, factor, 0.0)
-    clipped = jax.tree.map(
-        lambda g: jnp.where(finite, g * factor.astype(g.dtype), jnp.zeros_like(g)), grad
-    )
-    return clipped, norm
+    clipped, bounds = _clip_records(jax.tree.map(lambda g: jnp.asarray(g)[None], grad), clipping_threshold, 0)
+    return jax.tree.map(lambda g: g[0], clipped), bounds[0]
 
 
 def per_record_value_and_grad(
@@ -153,15 +396,7 @@ def _batch_size(records: PyTree) -> int:
     return int(jnp.shape(leaves[0])[0])
 
 
-def _clip_factor(norms: jax.Array, clipping_threshold: float) -> jax.Array:
-    """``min(1, C / norm)`` per record, 0 for non-finite norms (as :func:`clip_gradient`)."""
-    finite = jnp.isfinite(norms)
-    safe_norm = jnp.where(finite & (norms > 0), norms, 1.0)
-    factor = jnp.where(norms > clipping_threshold, clipping_threshold / safe_norm, 1.0)
-    return jnp.where(finite, factor, 0.0).astype(norms.dtype)
-
-
-def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode):
+def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode, sum_depth):
     if mask.shape[0] == 1:
         # one record: no vmap, so that XLA sees plain (un-batched) products
         one = jax.tree.map(lambda x: x[0], records)
@@ -169,15 +404,22 @@ def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_m
         losses, grads = loss[None], jax.tree.map(lambda g: g[None], grad)
     else:
         losses, grads = per_record_value_and_grad(loss_fn, params, records, forward_mode=forward_mode)
-    clipped, norms = jax.vmap(clip_gradient, in_axes=(0, None))(grads, clipping_threshold)
-    keep = mask & jnp.isfinite(norms)
+    clipped, norms = _clip_records(grads, clipping_threshold, sum_depth)
     summed = jax.tree.map(
-        lambda g: jnp.sum(jnp.where(keep.reshape((-1,) + (1,) * (g.ndim - 1)), g, 0.0), axis=0),
+        lambda g: jnp.sum(jnp.where(mask.reshape((-1,) + (1,) * (g.ndim - 1)), g, 0.0), axis=0),
         clipped,
     )
     losses = jnp.where(mask, losses, 0.0)
     norms = jnp.where(mask, norms, 0.0)
     return summed, losses, norms
+
+
+def _sum_depth(B: int, chunk: int, rows: int = 1) -> int:
+    """The most additions an entry of one record passes through in the sum over a
+    batch of ``B`` records in chunks of ``chunk`` (``rows`` terms per record and
+    chunk in one reduction, then one addition per chunk)."""
+    chunk = max(1, min(int(chunk), B))
+    return chunk * rows + -(-B // chunk)
 
 
 def _in_chunks(chunk_fn, params, records, mask, chunk):
@@ -277,6 +519,8 @@ def _choose(loss_fn, params, records, B, strategy, chunk_size, forward_mode, bud
     if forward_mode:
         why_not = "forward-mode differentiation"
     else:
+        from d3p import _ghost  # imports this module's primitives
+
         try:
             plan = _ghost.trace_plan(loss_fn, params, records)
         except _ghost.Unsupported as err:
@@ -414,7 +658,8 @@ def clipped_grad_sum(
         - ``"scan"``: one record at a time;
         - ``"ghost"``: per-record gradient norms from the activations and
           output gradients of the dense products in which a parameter is used
-          (``‖∂W‖² = Σ (a_u·a_v)(δ_u·δ_v)``), and the clipped sum as one
+          (``‖∂W‖² = Σ (a_u·a_v)(δ_u·δ_v)``, with a certified bound of its
+          rounding error), and the clipped sum as one
           matrix product over all records, never forming per-record gradients
           of such parameters (those whose every use, through reshapes and
           transposes, is an operand of a ``dot_general`` without batch
@@ -431,18 +676,46 @@ def clipped_grad_sum(
     :return: :class:`ClippedSum`.
 
     **Formal guarantees.** The gradient of every record is clipped as one
-    vector over all parameter leaves (:func:`clip_gradient`), so for any two
-    record sets that differ by adding or removing one record (or by masking
-    it out) the sum moves by at most ``C`` in L2 norm, and for two that
-    differ by substituting one record it moves by at most ``2 C``. Padded
-    records (``mask`` False) and records with non-finite gradients contribute
-    exactly zero; their values, even ``nan``, never reach the sum. An all-padded
-    batch gives an exact zero sum. The strategy changes only how the sum is
-    computed, never these guarantees: under ``"ghost"`` each record's
-    clipping factor is computed from the norm of exactly the quantities that
-    are then summed for it, so the bound holds whatever the structure of the
-    loss. ``losses`` and ``norms`` are computed from the un-noised data and are
-    NOT private.
+    vector over all parameter leaves. For every record, what the strategy
+    adds to the sum for it (the sum with only that record real) has exact
+    L2 norm at most ``C``, computed from the floating-point values returned,
+    for every ``C > 0``, on every backend and at its default matmul
+    precision; more strongly, the exact norm of the record's clipped
+    contribution plus the worst-case rounding error that its entries can
+    cause in the sum over the batch (``gamma(depth)`` times their magnitudes,
+    for any order of summation, ``depth`` the additions an entry passes
+    through: chunk size, rows and chunks) is at most ``C``. This holds by
+    construction, not by testing:
+
+    - the norm used for clipping is an upper bound of the exact norm of the
+      very values that are then scaled and summed (per-record gradients, or
+      under ``"ghost"`` the activations and output gradients of the dense
+      products, see ``d3p._ghost.gram_bound``), computed with exact scaling by
+      powers of two and increased by the worst-case error of every rounding
+      that produced it, for any order of summation;
+    - every product that feeds a bound or the sum runs at
+      ``lax.Precision.HIGHEST`` (not TF32);
+    - the clipping factor leaves room for the rounding of applying it and for
+      values flushed below the smallest normal number (``_clip_factor``), and
+      a factor that would itself be below the smallest normal number is 0.
+
+    Hence for any two record sets that differ by adding or removing one
+    record (or by masking it out) the exact sums of what is added differ by
+    at most ``C`` in L2 norm, and by at most ``2 C`` when one record is
+    substituted; the computed sums differ by that plus the rounding of summing
+    the other records in floating point. Padded records (``mask`` False) and
+    records with a non-finite gradient or bound contribute exactly zero;
+    their values, even ``nan``, never reach the sum. An all-padded batch gives
+    an exact zero sum. The strategy changes only how the sum is computed,
+    never these guarantees. What it may change is how far below ``C`` a
+    clipped record lands: about ``sqrt(n) u`` relative (``n`` the largest
+    leaf size, ``u`` the unit roundoff) for every strategy; but under
+    ``"ghost"``, the bound of a record with several rows per product is at
+    least about ``sqrt((n_in + n_out + 2 R) u)`` times the triangle bound
+    ``Σ_r ‖a_r‖‖δ_r‖``, since the Gram form cannot resolve a norm more
+    finely than that in floating point: a record whose rows nearly cancel is
+    clipped more than its exact norm requires (never less). ``losses`` and
+    ``norms`` are computed from the un-noised data and are NOT private.
     """
     budget = _check_strategy_args(strategy, chunk_size, memory_budget_bytes)
     B = _batch_size(records)
@@ -453,23 +726,27 @@ def clipped_grad_sum(
     logger.debug("clipped_grad_sum: B=%d, %s", B, choice)
     _LAST_CHOICE[0] = choice
     if B == 0:
-        return ClippedSum(*_clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode))
+        return ClippedSum(*_clipped_chunk(loss_fn, params, records, mask, clipping_threshold,
+                                          forward_mode, 0))
 
+    chunk = B if choice.chunk_size is None else choice.chunk_size
     if choice.strategy == "ghost":
+        from d3p import _ghost
+
         plan, p_def, _ = plan
         p_leaves = jax.tree.leaves(params)
 
         def chunk_fn(recs, m):
             return _ghost.ghost_chunk(
-                plan, p_def, p_leaves, jax.tree.leaves(recs), m,
-                lambda n: _clip_factor(n, clipping_threshold),
+                plan, p_def, p_leaves, jax.tree.leaves(recs), m, clipping_threshold,
+                lambda rows: _sum_depth(B, chunk, rows),
             )
     else:
 
         def chunk_fn(recs, m):
-            return _clipped_chunk(loss_fn, params, recs, m, clipping_threshold, forward_mode)
+            return _clipped_chunk(loss_fn, params, recs, m, clipping_threshold, forward_mode,
+                                  _sum_depth(B, chunk))
 
-    chunk = B if choice.chunk_size is None else choice.chunk_size
     return ClippedSum(*_in_chunks(chunk_fn, params, records, mask, chunk))
 
 

@@ -35,6 +35,23 @@ is exactly uniform; with :mod:`d3p.random` it is ChaCha20's keystream turned
 into that distribution, i.e. indistinguishable from it as far as ChaCha20 is a
 secure stream cipher.
 
+**Every loop is bounded.** Each ``lax.while_loop`` stops after a number of
+iterations computed on the host so that, with ideal random bits, a draw
+needs more with probability at most :data:`LOOP_FAILURE_PROBABILITY`
+(``2**-64``) per batch (see :func:`_distinct_uniform_max_iterations`). A
+loop that reaches its bound has not produced a batch of the sampler's
+distribution, which in practice means a broken random source: the batch is
+then never used silently. Called with concrete values, ``sample`` and
+``get_batch`` raise :class:`SamplingError`; inside a traced computation
+(``jit``, ``vmap``, ``lax.scan``, e.g. :meth:`d3p.svi.DPSVI.run`) the
+computation fails at run time with a ``JaxRuntimeError`` carrying the same
+message, and the batch it would have returned is empty (mask all False,
+every index the out-of-range value ``2**31 - 1``). Conditioned on not
+reaching the bound, the output distribution is exactly the one stated (the
+event depends only on the random bits and is invariant under relabelling the
+records), and reaching it depends on no data, so the failure itself reveals
+nothing about the records.
+
 **Why not a Feistel network.** A keyed Feistel permutation with cycle-walking
 (:func:`feistel_permutation`) gives distinct indices with only integer ops, but
 its output is not uniform: even with truly random round functions, on the
@@ -59,6 +76,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_batching import custom_vmap
+from jax.experimental import io_callback
 
 import d3p.random
 from d3p import accounting as _accounting
@@ -67,6 +86,8 @@ __all__ = [
     "SUBSTITUTE",
     "ADD_REMOVE",
     "DEFAULT_OVERFLOW_PROBABILITY",
+    "LOOP_FAILURE_PROBABILITY",
+    "SamplingError",
     "FixedSizeSampler",
     "PoissonSampler",
     "WithReplacementSampler",
@@ -102,6 +123,23 @@ MAX_NUM_RECORDS = 2**31 - 1
 DEFAULT_FEISTEL_ROUNDS = 8
 
 _SENTINEL = np.int32(2**31 - 1)  # larger than every valid index
+
+#: Per batch, the probability (given ideal random bits) that a sampler's loop
+#: reaches its iteration bound; a batch that reaches it is never used (see
+#: :class:`SamplingError`).
+LOOP_FAILURE_PROBABILITY = 2.0**-64
+
+
+class SamplingError(RuntimeError):
+    """A sampler's loop reached its iteration bound without completing a batch.
+
+    With a working random source this happens with probability at most
+    :data:`LOOP_FAILURE_PROBABILITY` per batch; in practice it means that the
+    PRNG suite is broken (e.g. returns constant words). The batch is not of the
+    sampler's distribution and is never returned for use. Inside a traced
+    computation the failure surfaces as a ``jax.errors.JaxRuntimeError`` with
+    this error's message.
+    """
 
 Dataset = Union[jax.typing.ArrayLike, Sequence[jax.typing.ArrayLike]]
 
@@ -264,18 +302,75 @@ def _draw_block_size(num: int, num_records: int) -> int:
     return int(min(math.ceil(k), 4 * s + 8))
 
 
-def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> jax.Array:
+def _acceptance_probability(n: int) -> float:
+    """Probability that one 32-bit word is accepted by :func:`_uniform_below` (> 1/2)."""
+    return 1.0 - (2**32 % n) / 2**32
+
+
+@lru_cache(maxsize=256)
+def _distinct_uniform_max_iterations(num: int, num_records: int, block: int) -> int:
+    """Iteration bound of :func:`_distinct_uniform`.
+
+    The number X of words drawn until ``num`` = s distinct accepted values
+    have appeared among ``num_records`` = n is a sum of independent geometric
+    variables with success probabilities ``p_i = a (n - i) / n``,
+    ``i = 0..s-1`` (``a`` = acceptance probability of one word), so
+    ``p_* = min p_i = a (n - s + 1) / n`` and ``mu = E[X] = (n / a) (H_n - H_{n-s})``.
+    Janson (2018, "Tail bounds for sums of geometric and exponential
+    variables", Theorem 2.1) gives, for ``lambda >= 1``,
+    ``P(X >= lambda mu) <= exp(-p_* mu (lambda - 1 - ln lambda))``. The bound
+    is decreasing in ``mu`` at fixed ``lambda mu``, so using an upper bound of
+    ``mu`` (``H_n - H_{n-s} <= ln(n / (n - s))``, or ``1 + ln n`` for
+    ``s = n``) keeps it valid. The loop has processed ``t * block`` draws
+    after ``t`` iterations; the returned ``t`` makes
+    ``P(X > t * block) <= LOOP_FAILURE_PROBABILITY``.
+    """
+    n, s = num_records, num
+    a = _acceptance_probability(n)
+    harmonic = 1.0 + math.log(n) if s == n else -math.log1p(-s / n)
+    mu = n * harmonic / a * (1.0 + 1e-9)  # an upper bound of E[X], with room for rounding
+    p_min = a * (n - s + 1) / n
+    c = -math.log(LOOP_FAILURE_PROBABILITY) / (p_min * mu)
+    # smallest x = lambda - 1 >= 0 with x - log1p(x) >= c (increasing in x); x = 1 + 2c satisfies it
+    lo, hi = 0.0, 1.0 + 2.0 * c
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid - math.log1p(mid) >= c:
+            hi = mid
+        else:
+            lo = mid
+    draws = (1.0 + hi) * mu
+    return int(math.ceil(draws / block)) + 1
+
+
+def _uniform_indices_max_iterations(num: int, num_records: int) -> int:
+    """Iteration bound of :func:`_uniform_indices`: every one of ``num``
+    positions is rejected ``t`` times in a row with probability ``(1 - a)**t``,
+    so the union bound ``num * (1 - a)**t <= LOOP_FAILURE_PROBABILITY`` gives ``t``."""
+    reject = 1.0 - _acceptance_probability(num_records)
+    if reject == 0.0:
+        return 1
+    t = (math.log(num) - math.log(LOOP_FAILURE_PROBABILITY)) / -math.log(reject)
+    return int(math.ceil(t)) + 1
+
+
+def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> Tuple[jax.Array, jax.Array]:
     """An exactly uniform random sequence of ``num`` distinct indices in ``[0, num_records)``.
 
     Every ordered sequence of ``num`` distinct indices has probability
     ``(N - num)! / N!`` (given ideal random bits); in particular the first
     ``k`` entries form a uniform k-subset for every ``k <= num``. Block ``t``
     of candidates uses the key ``rng_suite.fold_in(rng_key, t)``.
+
+    Returns ``(indices, ok)``: ``ok`` is False if the loop reached its bound
+    (:func:`_distinct_uniform_max_iterations`) first, and then ``indices`` is
+    not a valid batch.
     """
     block = _draw_block_size(num, num_records)
+    max_iterations = _distinct_uniform_max_iterations(num, num_records, block)
 
     def cond(state):
-        return state[1] < num
+        return (state[1] < num) & (state[2] < max_iterations)
 
     def body(state):
         found, count, t = state
@@ -297,14 +392,20 @@ def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> jax.Arr
         return found, count, t + 1
 
     init = (jnp.full((num,), _SENTINEL, jnp.int32), jnp.int32(0), jnp.uint32(0))
-    return lax.while_loop(cond, body, init)[0]
+    found, count, _ = lax.while_loop(cond, body, init)
+    return found, count == num
 
 
-def _uniform_indices(rng_key, num: int, num_records: int, rng_suite) -> jax.Array:
-    """``num`` independent, exactly uniform indices in ``[0, num_records)``."""
+def _uniform_indices(rng_key, num: int, num_records: int, rng_suite) -> Tuple[jax.Array, jax.Array]:
+    """``num`` independent, exactly uniform indices in ``[0, num_records)``.
+
+    Returns ``(indices, ok)``; ``ok`` is False if the loop reached its bound
+    (:func:`_uniform_indices_max_iterations`) before every position was drawn.
+    """
+    max_iterations = _uniform_indices_max_iterations(num, num_records)
 
     def cond(state):
-        return ~jnp.all(state[1])
+        return ~jnp.all(state[1]) & (state[2] < max_iterations)
 
     def body(state):
         out, done, t = state
@@ -314,7 +415,8 @@ def _uniform_indices(rng_key, num: int, num_records: int, rng_suite) -> jax.Arra
         return jnp.where(take, values, out), done | take, t + 1
 
     init = (jnp.zeros((num,), jnp.int32), jnp.zeros((num,), bool), jnp.uint32(0))
-    return lax.while_loop(cond, body, init)[0]
+    out, done, _ = lax.while_loop(cond, body, init)
+    return out, jnp.all(done)
 
 
 # ----------------------------------------------------------------------------
@@ -465,8 +567,11 @@ class FixedSizeSampler:
     independent. The mask is all True. This is sampling without replacement
     of fixed size, whose privacy amplification is analysed under the
     :data:`SUBSTITUTE` relation (neighbouring data sets have the same N and
-    differ in one record), e.g. by :func:`d3p.dputil.approximate_sigma`.
-    Nothing about the data enters the sampler, only N and B.
+    differ in one record) with the pair that dominates it, the add/remove
+    subsampled Gaussian at noise multiplier σ/2 (see
+    :func:`d3p.accounting.accounting_for`), e.g. by
+    :func:`d3p.dputil.approximate_sigma`. Nothing about the data enters the
+    sampler, only N and B.
 
     >>> import d3p.random
     >>> sampler = FixedSizeSampler(num_records=100, batch_size=5)
@@ -477,6 +582,9 @@ class FixedSizeSampler:
 
     num_records: int
     batch_size: int
+
+    #: The sampler's name for :func:`d3p.accounting.accounting_for`.
+    name = "fixed_size"
 
     def __post_init__(self):
         n = _check_num_records(self.num_records)
@@ -509,12 +617,13 @@ class FixedSizeSampler:
         :param rng_key: a key of ``rng_suite`` (secret, fresh for every batch).
         :param rng_suite: PRNG suite, :mod:`d3p.random` (default) or :mod:`d3p.random.debug`.
         :return: ``(indices int32[B], mask bool[B])``; the mask is all True.
+        :raises SamplingError: if the random source is broken (see the module docstring).
         """
-        return _sample_jit(self, rng_key, rng_suite)
+        return _sample(self, rng_key, rng_suite)
 
-    def _sample(self, rng_key, rng_suite):
-        indices = _distinct_uniform(rng_key, self.batch_size, self.num_records, rng_suite)
-        return indices, jnp.ones((self.batch_size,), bool)
+    def _draw(self, rng_key, rng_suite):
+        indices, ok = _distinct_uniform(rng_key, self.batch_size, self.num_records, rng_suite)
+        return indices, jnp.ones((self.batch_size,), bool), ok
 
 
 @dataclass(frozen=True)
@@ -528,7 +637,9 @@ class PoissonSampler:
         whose overflow probability per step is at most
         :data:`DEFAULT_OVERFLOW_PROBABILITY` (1e-18).
 
-    Attributes: ``relation`` (:data:`ADD_REMOVE`), ``q``,
+    Attributes: ``relation`` (:data:`ADD_REMOVE`, the default; the
+    substitute relation is accounted too, see
+    :func:`d3p.accounting.accounting_for`), ``q``,
     ``expected_batch_size = q * N`` (the public constant to normalise by,
     never the realised count), ``max_batch_size``, ``overflow_probability``.
 
@@ -582,6 +693,9 @@ class PoissonSampler:
     q: float
     max_batch_size: Optional[int] = None
 
+    #: The sampler's name for :func:`d3p.accounting.accounting_for`.
+    name = "poisson"
+
     def __post_init__(self):
         n = _check_num_records(self.num_records)
         q = _check_q(self.q)
@@ -616,15 +730,16 @@ class PoissonSampler:
         :return: ``(indices int32[max_batch_size], mask bool[max_batch_size])``;
             ``mask[j]`` is True for the ``min(K, max_batch_size)`` real records,
             which come first.
+        :raises SamplingError: if the random source is broken (see the module docstring).
         """
-        return _sample_jit(self, rng_key, rng_suite)
+        return _sample(self, rng_key, rng_suite)
 
-    def _sample(self, rng_key, rng_suite):
+    def _draw(self, rng_key, rng_suite):
         count_key, index_key = rng_suite.split(rng_key, 2)
         count = _binomial_count(count_key, self.num_records, self.q, self.max_batch_size, rng_suite)
-        indices = _distinct_uniform(index_key, self.max_batch_size, self.num_records, rng_suite)
+        indices, ok = _distinct_uniform(index_key, self.max_batch_size, self.num_records, rng_suite)
         mask = jnp.arange(self.max_batch_size) < count
-        return indices, mask
+        return indices, mask, ok
 
 
 @dataclass(frozen=True)
@@ -679,26 +794,93 @@ class WithReplacementSampler:
         return self.batch_size
 
     def sample(self, rng_key, rng_suite: types.ModuleType = d3p.random) -> Tuple[jax.Array, jax.Array]:
-        """Draw one batch: ``(indices int32[B], mask bool[B])``, the mask all True."""
-        return _sample_jit(self, rng_key, rng_suite)
+        """Draw one batch: ``(indices int32[B], mask bool[B])``, the mask all True.
 
-    def _sample(self, rng_key, rng_suite):
-        indices = _uniform_indices(rng_key, self.batch_size, self.num_records, rng_suite)
-        return indices, jnp.ones((self.batch_size,), bool)
+        :raises SamplingError: if the random source is broken (see the module docstring).
+        """
+        return _sample(self, rng_key, rng_suite)
+
+    def _draw(self, rng_key, rng_suite):
+        indices, ok = _uniform_indices(rng_key, self.batch_size, self.num_records, rng_suite)
+        return indices, jnp.ones((self.batch_size,), bool), ok
 
 
 Sampler = Union[FixedSizeSampler, PoissonSampler, WithReplacementSampler]
 
 
+def _failure_message(what: str) -> str:
+    return (
+        f"{what} reached its iteration bound without completing a batch, which a working random "
+        f"source does with probability below {LOOP_FAILURE_PROBABILITY:.1e}: the PRNG suite "
+        "(rng_suite) looks broken. The batch is not of the sampler's distribution and was not used."
+    )
+
+
+def _raise_sampling_error(message: str) -> None:
+    raise SamplingError(message)
+
+
+def _require_in_graph(ok: jax.Array, values, message: str):
+    """Return ``values``; make the running computation fail if ``ok`` is False.
+
+    A host callback that raises :class:`SamplingError`, reached through a
+    ``lax.cond`` only when ``ok`` is False (no callback, no host round trip
+    otherwise). Under ``vmap`` the flags of the whole batch are combined
+    first, so that the ``cond`` keeps a scalar predicate (a batched predicate
+    would turn it into a select that runs the callback unconditionally).
+    """
+
+    @custom_vmap
+    def require(ok, values):
+        lax.cond(ok, lambda: None,
+                 lambda: io_callback(partial(_raise_sampling_error, message), None))
+        return values
+
+    @require.def_vmap
+    def require_batched(axis_size, in_batched, ok, values):
+        ok_batched, values_batched = in_batched
+        return require(jnp.all(ok) if ok_batched else ok, values), values_batched
+
+    return require(ok, values)
+
+
+def _require(ok, values, message: str):
+    """``values`` if ``ok``; otherwise raise :class:`SamplingError` (``ok``
+    concrete) or make the traced computation fail at run time."""
+    if isinstance(ok, jax.core.Tracer):
+        return _require_in_graph(ok, values, message)
+    if not bool(ok):
+        raise SamplingError(message)
+    return values
+
+
+def _draw_checked(sampler, rng_key, rng_suite):
+    """``(indices, mask, ok)``; if not ok, the batch is emptied (mask all False,
+    indices out of range) so that no part of it can stand in for a real batch."""
+    indices, mask, ok = sampler._draw(rng_key, rng_suite)
+    indices = jnp.where(ok, indices, _SENTINEL)
+    mask = mask & ok
+    return indices, mask, ok
+
+
 @partial(jax.jit, static_argnums=(0, 2))
 def _sample_jit(sampler, rng_key, rng_suite):
     # compiled once per (sampler, suite), so that eager calls are fast too
-    return sampler._sample(rng_key, rng_suite)
+    return _draw_checked(sampler, rng_key, rng_suite)
 
 
 @partial(jax.jit, static_argnums=(0, 3))
 def _sample_batch_jit(sampler, rng_key, i, rng_suite):
-    return sampler._sample(rng_suite.fold_in(rng_key, i), rng_suite)
+    return _draw_checked(sampler, rng_suite.fold_in(rng_key, i), rng_suite)
+
+
+def _sample(sampler, rng_key, rng_suite, i=None):
+    """Batch ``sampler.sample(rng_key)`` (or of ``fold_in(rng_key, i)``), checked."""
+    if i is None:
+        indices, mask, ok = _sample_jit(sampler, rng_key, rng_suite)
+    else:
+        indices, mask, ok = _sample_batch_jit(sampler, rng_key, i, rng_suite)
+    return _require(ok, (indices, mask), _failure_message(repr(sampler)))
 
 
 # ----------------------------------------------------------------------------
@@ -718,10 +900,14 @@ def feistel_permutation(
     ``floor(b/2)`` and ``ceil(b/2)`` bits, alternating) with round function
     ``F_i(R) = rng_suite.random_bits(rng_suite.fold_in(round_key_i, R))``
     is a bijection on ``[0, 2**b)``; cycle-walking (re-applying it while the
-    value is ``>= N``, in a ``lax.while_loop`` over the whole vector, which
-    ends after at most ``2**b - N + 1`` applications) restricts it to a
-    bijection on ``[0, N)``. Work is ``O(len(positions) * num_rounds)``
-    integer operations, independent of N.
+    value is ``>= N``, in a ``lax.while_loop`` over the whole vector)
+    restricts it to a bijection on ``[0, N)``. From a position in ``[0, N)``
+    the walk is back in that range within ``2**b - N + 1`` applications,
+    whatever the round functions (the position's own cycle passes through
+    it); the loop stops there at the latest, and a value still out of range
+    (only possible for a position outside ``[0, N)``) fails loudly, as in the
+    samplers. Work is ``O(len(positions) * num_rounds)`` integer operations,
+    independent of N.
 
     :param rng_key: a key of ``rng_suite``.
     :param positions: int array of positions in ``[0, N)`` (distinct positions
@@ -765,13 +951,23 @@ def feistel_permutation(
         flat = lax.fori_loop(0, num_rounds, feistel_round, x.reshape(-1))
         return flat.reshape(x.shape)
 
-    def cond(x):
-        return jnp.any(x >= num_records)
+    max_walk = 2**bits - num_records  # applications after the first
 
-    def body(x):
-        return jnp.where(x >= num_records, permute(x), x)
+    def cond(state):
+        x, t = state
+        return jnp.any(x >= num_records) & (t < max_walk)
 
-    return lax.while_loop(cond, body, permute(x0)).astype(jnp.int32)
+    def body(state):
+        x, t = state
+        return jnp.where(x >= num_records, permute(x), x), t + 1
+
+    x, _ = lax.while_loop(cond, body, (permute(x0), jnp.int32(0)))
+    ok = jnp.all(x < num_records)
+    x = _require(ok, x, (
+        f"feistel_permutation's cycle-walking did not return into [0, N={num_records}) within "
+        f"{max_walk + 1} applications, which a permutation always does from a position in that "
+        "range: a position is outside [0, N), or the PRNG suite (rng_suite) is broken."))
+    return x.astype(jnp.int32)
 
 
 # ----------------------------------------------------------------------------
@@ -807,7 +1003,7 @@ def _make_batchify(arrays, single, sampler, rng_suite, num_batches, with_mask):
 
     def get_batch(i, state: BatchifyState):
         """The i-th batch (``i`` may be traced)."""
-        indices, mask = _sample_batch_jit(sampler, state.rng_key, i, rng_suite)
+        indices, mask = _sample(sampler, state.rng_key, rng_suite, i)
         batch = take_batch(arrays[0] if single else arrays, indices)
         return (batch, mask) if with_mask else batch
 

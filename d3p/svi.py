@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 from jax import lax
+from jax.extend import core as jex_core
 from numpyro.handlers import seed, substitute, trace
 from numpyro.infer.svi import SVI, SVIRunResult
 from numpyro.optim import Minimize
@@ -54,62 +55,140 @@ class DPSVIRunResult(SVIRunResult):
     """
 
 
-def _is_per_record(x) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype") and np.ndim(x) >= 1
+#: How the data-validation errors say where shared values belong.
+_SHARED_VALUES_HINT = (
+    "Every argument of init/update/evaluate/run (positional or keyword) is per-record data "
+    "with one row per record; values shared by all records (e.g. N or group-level "
+    "covariates) go to the DPSVI constructor as keyword arguments: DPSVI(..., name=value)."
+)
 
 
-def _leaf_names(args, kwargs):
-    """Human-readable names for the leaves of (args, kwargs)."""
-    paths, _ = jax.tree_util.tree_flatten_with_path((args, kwargs))
-    names = []
-    for path, _ in paths:
-        head, rest = path[0], path[1:]
-        if head.idx == 0:
-            name = f"args[{path[1].idx}]"
-            rest = path[2:]
-        else:
-            name = repr(path[1].key)
-            rest = path[2:]
-        names.append(name + "".join(str(p) for p in rest))
-    return names
+def _is_number_sequence(x) -> bool:
+    """True for a non-empty plain list or tuple (not a namedtuple) of numbers or
+    strings, possibly nested: one column (or table) of data, rows first."""
+    return (
+        type(x) in (list, tuple)
+        and len(x) > 0
+        and all(isinstance(e, (int, float, complex, str, bytes, np.generic)) or _is_number_sequence(e)
+                for e in x)
+    )
 
 
-def _split_records(args, kwargs, *, expected_size=None, what="batch"):
-    """Separate per-record arrays (leading dim = the number of records) from shared
-    scalars. Returns (records, rebuild, size) where ``rebuild(records)`` gives
-    ``(args, kwargs)`` back."""
-    leaves, treedef = jax.tree.flatten((args, kwargs))
-    names = _leaf_names(args, kwargs)
-    per_record = [_is_per_record(x) for x in leaves]
-    size = expected_size
-    first_name = None
-    for name, leaf, is_rec in zip(names, leaves, per_record):
-        if not is_rec:
-            continue
+def _as_array(x):
+    """``x`` as an array if it is a column or table of data held in something
+    other than an array (a list of numbers, a pandas object, ...); else ``x``."""
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        return x
+    if _is_number_sequence(x) or (hasattr(x, "__array__") and hasattr(x, "shape")):
+        return np.asarray(x)
+    return x
+
+
+def _leaf_name(path) -> str:
+    """``args[i]...`` or ``'key'...`` for a path into ``(args, kwargs)``."""
+    head, rest = path[1], path[2:]
+    name = f"args[{head.idx}]" if path[0].idx == 0 else repr(head.key)
+    return name + "".join(str(p) for p in rest)
+
+
+def _check_record_leaf(name: str, x):
+    """Raise unless ``x`` is an array of numbers or booleans with a leading
+    (records) dimension."""
+    if isinstance(x, (bool, int, float, complex, np.generic)) or (
+        isinstance(x, (jax.Array, np.ndarray)) and np.ndim(x) == 0
+    ):
+        raise ValueError(
+            f"Expected {name} to be an array with one row per record, got the scalar "
+            f"{name}={x!r}. {_SHARED_VALUES_HINT}"
+        )
+    if not isinstance(x, (jax.Array, np.ndarray)):
+        raise TypeError(
+            f"Expected {name} to be an array with one row per record, got an object of "
+            f"type {type(x).__name__}. {_SHARED_VALUES_HINT}"
+        )
+    if not (jnp.issubdtype(x.dtype, jnp.number) or jnp.issubdtype(x.dtype, jnp.bool_)):
+        raise TypeError(
+            f"Expected {name} to hold numbers or booleans, got dtype {x.dtype}. Convert "
+            "categorical or text columns to numbers first (e.g. pandas' "
+            "`df.to_numpy(dtype=float)` or category codes)."
+        )
+
+
+def _records(args, kwargs, *, expected_size=None, what="batch"):
+    """The per-record data of ``(args, kwargs)``: ``(leaves, treedef, size)``.
+
+    Every leaf is per-record: lists or tuples of numbers and pandas (or other
+    array-like) objects are converted with ``np.asarray``, their rows the
+    records; lists, tuples and dicts holding arrays are pytree containers. Each
+    leaf must be a numeric or boolean array whose leading dimension is the
+    number of records, the same for all (``expected_size`` if given). Scalars
+    and other objects are refused with an error naming the argument: nothing
+    is treated as shared by the records. The caller's data is never modified.
+    ``jax.tree.unflatten(treedef, leaves)`` gives the (converted) ``(args, kwargs)``.
+    """
+    def convert(arg):
+        return jax.tree.map(_as_array, arg, is_leaf=_is_number_sequence)
+
+    converted = (tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()})
+    paths, treedef = jax.tree_util.tree_flatten_with_path(converted)
+    leaves = [x for _, x in paths]
+    names = [_leaf_name(path) for path, _ in paths]
+    size, first_name = expected_size, None
+    for name, leaf in zip(names, leaves):
+        _check_record_leaf(name, leaf)
         n = int(np.shape(leaf)[0])
         if size is None:
             size, first_name = n, name
         elif n != size:
             ref = f"{first_name} has {size}" if first_name else f"the {what} has {size} records"
             raise ValueError(
-                f"Expected every array argument to hold one row per record, but {name} has "
-                f"leading dimension {n} and {ref}. DPSVI treats every array passed to "
-                "update/run/evaluate as per-record data; pass values shared by all records "
-                "(e.g. group-level covariates) as keyword arguments to the DPSVI constructor."
+                f"Expected every data argument to hold one row per record, but {name} has "
+                f"leading dimension {n} and {ref}. {_SHARED_VALUES_HINT}"
             )
     if size is None:
         raise ValueError(
             "Expected at least one per-record data array among the arguments (DP-VI "
             "needs the records to clip each one's contribution)."
         )
-    records = [x if r else None for x, r in zip(leaves, per_record)]
-    shared = [None if r else x for x, r in zip(leaves, per_record)]
+    return leaves, treedef, size
 
-    def rebuild(recs):
-        merged = [r if p else s for r, s, p in zip(recs, shared, per_record)]
-        return jax.tree.unflatten(treedef, merged)
 
-    return records, rebuild, size, per_record
+def _split_records(args, kwargs, *, expected_size=None, what="batch"):
+    """:func:`_records` as ``(leaves, rebuild, size, per_record)``, with
+    ``rebuild(leaves) -> (args, kwargs)`` and ``per_record`` all True."""
+    leaves, treedef, size = _records(args, kwargs, expected_size=expected_size, what=what)
+    return leaves, functools.partial(jax.tree.unflatten, treedef), size, [True] * len(leaves)
+
+
+def _depends_on_inputs(jaxpr) -> list:
+    """For each output of ``jaxpr``: whether it may depend on any input.
+
+    A conservative forward walk: every output of an equation with at least one
+    dependent operand is dependent, whatever the equation computes (calls,
+    loops and conditionals included, without looking inside them). So False
+    is a proof of independence; True may be a false alarm.
+    """
+    dependent = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:
+        if any(isinstance(v, jex_core.Var) and v in dependent for v in eqn.invars):
+            dependent.update(eqn.outvars)
+    return [isinstance(v, jex_core.Var) and v in dependent for v in jaxpr.outvars]
+
+
+def _evaluate_constant_outputs(closed) -> list:
+    """The outputs of the closed jaxpr ``closed``, all independent of its
+    inputs (see :func:`_depends_on_inputs`), evaluated now from its constants
+    alone: only the equations they need are run, without any input."""
+    jaxpr = closed.jaxpr
+    needed = {v for v in jaxpr.outvars if isinstance(v, jex_core.Var)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in needed for v in eqn.outvars):
+            kept.append(eqn)
+            needed.update(v for v in eqn.invars if isinstance(v, jex_core.Var))
+    sliced = jaxpr.replace(invars=[], eqns=kept[::-1], debug_info=None)
+    with jax.ensure_compile_time_eval():
+        return jax.core.eval_jaxpr(sliced, closed.consts)
 
 
 def _check_positive_int(name, value, minimum=1):
@@ -128,9 +207,9 @@ class DPSVI(SVI):
     1. the ELBO loss of every record alone, each with its own guide sample
        (the model is run on a batch holding only that record, vectorised with
        ``vmap``); with ``clip_unscaled_observations=True`` the loss is divided by
-       the record's observation scale (the plate's ``N / 1``), so that ``C``
-       bounds the record's own likelihood term whatever ``N`` is, and the
-       data-independent prior/entropy terms enter with weight ``1 / N``;
+       the public observation scale of one record (the plate's ``N / 1``), so
+       that ``C`` bounds the record's own likelihood term whatever ``N`` is, and
+       the data-independent prior/entropy terms enter with weight ``1 / N``;
     2. its gradient over all variational parameters, clipped as one vector to
        L2 norm at most ``C`` (``clipping_threshold``);
     3. the sum over real records of the clipped gradients plus Gaussian noise of
@@ -147,15 +226,32 @@ class DPSVI(SVI):
     The model must declare its records with a plate that subsamples, e.g.
     ``with numpyro.plate("data", N, subsample_size=xs.shape[0])``, as in
     minibatch SVI: the observation scale it sets is how DPSVI knows ``N``.
+    That scale is found once, from the shapes of one record, and must be a
+    public constant (the plate's declared size ``N``, from ``static_kwargs``,
+    times constants such as ``numpyro.handlers.scale(0.5)``): a scale that may
+    depend on a record's data, the parameters or the random key (e.g. weights
+    per record through ``numpyro.handlers.scale``) is refused with a
+    ``ValueError``, because the normalisation is released without noise.
+
+    All data passed to :meth:`init`, :meth:`update`, :meth:`stable_update`,
+    :meth:`evaluate` and :meth:`run` (positionally or as keywords) is
+    per-record: every array has one row per record. Values shared by all
+    records go to the constructor as ``static_kwargs``; a scalar among the
+    data is refused, naming the argument.
 
     **Formal guarantees.** Under either neighbouring relation the released
     quantity of one step is the noisy clipped sum (step 3); everything after it
     is post-processing. The sum changes by at most ``C`` in L2 norm when one
     record is added, removed or masked out, and by at most ``2 C`` when one is
     substituted, whatever the model, the data and the non-finite values in
-    per-record gradients (which are zeroed). Padded records (``mask`` False)
-    contribute exactly zero; an empty batch yields pure noise, never ``nan``.
-    The noise scale depends only on ``dp_scale`` and ``C``. Privacy over a run
+    per-record gradients (which are zeroed). Record ``i`` sees only row ``i``
+    of each data array; nothing in the data is shared between records. Padded
+    records (``mask`` False) contribute exactly zero; an empty batch yields
+    pure noise, never ``nan``. The noise scale depends only on ``dp_scale``
+    and ``C``, and the normalisation (step 4) only on public constants: the
+    model's scale, found from shapes alone, and the batch size or
+    ``expected_batch_size``; ``static_kwargs`` and the model's own constants
+    are treated as public. Privacy over a run
     follows from the sampling of batches: use the samplers of
     :mod:`d3p.minibatch` (or :meth:`run`) with the matching accountant
     (:meth:`get_epsilon`). The loss returned by :meth:`update`,
@@ -194,7 +290,9 @@ class DPSVI(SVI):
         activations) held at once; default
         :data:`d3p.gradients.DEFAULT_MEMORY_BUDGET_BYTES`.
     :param static_kwargs: keyword arguments passed to model and guide at every
-        call, shared by all records (e.g. ``N``, or group-level data).
+        call, shared by all records (e.g. ``N``, or group-level data); the only
+        place for such values, and treated as public (they are used without
+        noise).
 
     **Example**
 
@@ -280,64 +378,128 @@ class DPSVI(SVI):
         # private, so they get a public constant instead (loss-reading
         # transformations such as reduce_on_plateau then never adapt).
         self._optim_value = jnp.zeros(()) if getattr(self.optim, "update_with_value", False) else None
+        # the public observation scale per record structure (_observation_scale)
+        self._public_scales = {}
 
     # ---------------------------------------------------------------- helpers
 
-    def _observation_scale(self, rng_key, params, args, kwargs):
-        """The scale of the observed sites of the model on one record's batch."""
-        model = seed(substitute(self.model, data=params), rng_key)
-        tr = trace(model).get_trace(*args, **kwargs, **self.static_kwargs)
-        observed = [s for s in tr.values() if s["type"] == "sample" and s["is_observed"]]
-        for site in tr.values():
-            if site["type"] == "mutable":
-                raise ValueError(
-                    f"The model has mutable state (site {site['name']!r}). DP-VI cannot "
-                    "support it: mutable state is updated from the un-noised data and "
-                    "would leak it without any privacy guarantee."
-                )
-        if not observed:
-            raise ValueError(
-                "The model has no observed sample sites. DP-VI needs the data to enter the "
-                "model through observed sites under a plate over the records."
-            )
-        scales = [s["scale"] for s in observed]
-        if any(sc is None for sc in scales):
-            unscaled = [s["name"] for s in observed if s["scale"] is None]
-            raise ValueError(
-                f"The observed site(s) {unscaled} are not under a subsampling plate. DP-VI "
-                "clips each record's contribution and rescales the sum to the full data set, "
-                "so the model must declare its records with e.g. "
-                "`with numpyro.plate('data', N, subsample_size=xs.shape[0]):` so that a "
-                "batch's likelihood is scaled by N / batch size."
-            )
-        concrete = [sc for sc in scales if not isinstance(sc, jax.core.Tracer)]
-        if len(concrete) == len(scales) and any(
-            np.shape(sc) != () or not np.allclose(sc, scales[0]) for sc in concrete
-        ):
-            raise ValueError(
-                f"The observed sites {[s['name'] for s in observed]} have different or "
-                f"non-scalar scales {[np.asarray(sc).tolist() for sc in scales]}. DP-VI needs all "
-                "observations of a record under one plate over the records."
-            )
-        return jnp.asarray(scales[0], jnp.float32)
+    def _observation_scale(self, params, treedef, leaves) -> Optional[float]:
+        """The public observation scale of one record, a Python float: the
+        likelihood scale of the model on a batch of one record (the plate's
+        ``N / 1``, times any constant ``numpyro.handlers.scale``); ``None``
+        with ``clip_unscaled_observations=False``, which divides by nothing.
 
-    def _record_loss_fn(self, rebuild, per_record, key_impl=None):
-        """loss(params, record) of one record, ``record = (jax_key, leaves)``;
-        with ``key_impl``, ``jax_key`` is raw key data of that implementation."""
+        Found from the abstract shape of one record (each leaf's ``shape[1:]``
+        and dtype), never from data values, so an empty batch has it too; found
+        once per record structure and parameter shapes, then reused.
+
+        Raises ``ValueError`` for a model DP-VI cannot make private (mutable
+        state, no observed site, an observed site outside a subsampling plate)
+        and, with ``clip_unscaled_observations=True``, for a scale that may
+        depend on the record, the parameters or the random key (it is released
+        without noise, as the normalisation), that differs between observed
+        sites, or that is not finite and positive.
+        """
+        one_record = tuple(
+            jax.ShapeDtypeStruct(np.shape(x)[1:], jax.dtypes.canonicalize_dtype(x.dtype)) for x in leaves
+        )
+        param_structs = jax.tree.map(lambda p: jax.ShapeDtypeStruct(jnp.shape(p), jnp.result_type(p)), params)
+        key = (
+            treedef,
+            one_record,
+            jax.tree.structure(param_structs),
+            tuple(jax.tree.leaves(param_structs)),
+            self.clip_unscaled_observations,
+        )
+        if key not in self._public_scales:
+            self._public_scales[key] = self._find_observation_scale(param_structs, treedef, one_record)
+        return self._public_scales[key]
+
+    def _find_observation_scale(self, param_structs, treedef, one_record) -> Optional[float]:
+        """See :meth:`_observation_scale`: traces ``(params, key, record) ->
+        scales of the observed sites`` and checks that they depend on none of
+        the three before evaluating them."""
+        observed_names = []
+
+        def observation_scales(params, rng_key, leaves):
+            args, kwargs = jax.tree.unflatten(treedef, [jnp.expand_dims(x, 0) for x in leaves])
+            model = seed(substitute(self.model, data=self.constrain_fn(params)), rng_key)
+            tr = trace(model).get_trace(*args, **kwargs, **self.static_kwargs)
+            for site in tr.values():
+                if site["type"] == "mutable":
+                    raise ValueError(
+                        f"The model has mutable state (site {site['name']!r}). DP-VI cannot "
+                        "support it: mutable state is updated from the un-noised data and "
+                        "would leak it without any privacy guarantee."
+                    )
+            observed = [s for s in tr.values() if s["type"] == "sample" and s["is_observed"]]
+            if not observed:
+                raise ValueError(
+                    "The model has no observed sample sites. DP-VI needs the data to enter the "
+                    "model through observed sites under a plate over the records."
+                )
+            unscaled = [s["name"] for s in observed if s["scale"] is None]
+            if unscaled:
+                raise ValueError(
+                    f"The observed site(s) {unscaled} are not under a subsampling plate. DP-VI "
+                    "clips each record's contribution and rescales the sum to the full data set, "
+                    "so the model must declare its records with e.g. "
+                    "`with numpyro.plate('data', N, subsample_size=xs.shape[0]):` so that a "
+                    "batch's likelihood is scaled by N / batch size."
+                )
+            observed_names[:] = [s["name"] for s in observed]
+            return [jnp.asarray(s["scale"]) for s in observed]
+
+        abstract_key = jax.eval_shape(jax.random.PRNGKey, 0)
+        closed = jax.make_jaxpr(observation_scales)(param_structs, abstract_key, list(one_record))
+        if not self.clip_unscaled_observations:
+            return None
+        dependent = [n for n, d in zip(observed_names, _depends_on_inputs(closed.jaxpr)) if d]
+        if dependent:
+            raise ValueError(
+                f"The likelihood scale of the observed site(s) {dependent} depends on the "
+                "record's data (or on the parameters or the random key). DP-VI releases the "
+                "normalisation of its noisy sum without noise, so the scale must be a public "
+                "constant: the plate's size N over its subsample size, times constants. "
+                "Weights per record (e.g. numpyro.handlers.scale with a weight from the data) "
+                "are not supported, because the normalisation would reveal them."
+            )
+        values = _evaluate_constant_outputs(closed)
+        if any(isinstance(v, jax.core.Tracer) for v in values):
+            raise ValueError(
+                f"The likelihood scale of the observed site(s) {observed_names} is a value "
+                "traced by an enclosing JAX transformation, not a constant. DP-VI needs it "
+                "as a public constant: pass N as a Python number (DPSVI(..., N=N))."
+            )
+        values = [np.asarray(v) for v in values]
+        if any(v.shape != () for v in values) or any(not np.allclose(v, values[0]) for v in values):
+            raise ValueError(
+                f"The observed sites {observed_names} have different or non-scalar scales "
+                f"{[v.tolist() for v in values]}. DP-VI needs all observations of a record "
+                "under one plate over the records."
+            )
+        scale = float(values[0])
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(
+                f"Expected the likelihood scale of the observed site(s) {observed_names} to be "
+                f"finite and > 0, got {scale}."
+            )
+        return scale
+
+    def _record_loss_fn(self, treedef, scale, key_impl=None):
+        """loss(params, record) of one record, ``record = (jax_key, leaves)``,
+        divided by the public constant ``scale`` unless it is None; with
+        ``key_impl``, ``jax_key`` is raw key data of that implementation."""
 
         def record_loss(params, record):
             key, leaves = record
             if key_impl is not None:
                 key = jax.random.wrap_key_data(key, impl=key_impl)
-            leaves = [jnp.expand_dims(x, 0) if p else None for x, p in zip(leaves, per_record)]
-            args, kwargs = rebuild(leaves)
-            constrained = self.constrain_fn(params)
+            args, kwargs = jax.tree.unflatten(treedef, [jnp.expand_dims(x, 0) for x in leaves])
             loss = self.loss.loss(
-                key, constrained, self.model, self.guide, *args, **kwargs, **self.static_kwargs
+                key, self.constrain_fn(params), self.model, self.guide, *args, **kwargs, **self.static_kwargs
             )
-            if self.clip_unscaled_observations:
-                loss = loss / self._observation_scale(key, constrained, args, kwargs)
-            return loss
+            return loss if scale is None else loss / scale
 
         return record_loss
 
@@ -352,13 +514,25 @@ class DPSVI(SVI):
     def init(self, rng_key, *args, init_params=None, **kwargs) -> DPSVIState:
         """Gets the initial :class:`DPSVIState`.
 
+        The model and guide are run on the batch to find the parameters and
+        their shapes, so the batch needs at least one record (a batch of zero
+        rows raises ``ValueError``). Models DP-VI cannot make private are
+        refused here, with a ``ValueError`` that says why (see :class:`DPSVI`).
+
         :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey(...)``).
         :param args: a batch of per-record data, as for :meth:`update`.
         :param dict init_params: if not None, initial values of param sites.
-        :param kwargs: per-record keyword data for model and guide.
+        :param kwargs: per-record keyword data for model and guide, as for
+            :meth:`update`.
         :return: the initial state.
         """
-        records, rebuild, size, per_record = _split_records(args, kwargs)
+        records, treedef, size = _records(args, kwargs)
+        if size == 0:
+            raise ValueError(
+                "Expected at least one record in the batch given to init, got 0 rows: init "
+                "runs the model and guide on the batch to find the parameters."
+            )
+        args, kwargs = jax.tree.unflatten(treedef, records)
         rng_key, init_key = self.rng_suite.split(rng_key, 2)
         jax_init_key = self.rng_suite.convert_to_jax_rng_key(init_key)
         state = super().init(jax_init_key, *args, init_params=init_params, **kwargs)
@@ -368,18 +542,14 @@ class DPSVI(SVI):
                 "cannot support it: mutable state is updated from the un-noised data and would "
                 "leak it without any privacy guarantee."
             )
-        # check the plate now, on the first record, for a clear early error
-        if size > 0:
-            first = [jnp.asarray(x)[:1] if p else None for x, p in zip(records, per_record)]
-            a, k = rebuild(first)
-            params = self.get_params(DPSVIState(state.optim_state, None, rng_key))
-            self._observation_scale(jax_init_key, params, a, k)
+        # the model's structure and its public scale, now, for a clear early error
+        self._observation_scale(self.optim.get_params(state.optim_state), treedef, records)
         return DPSVIState(state.optim_state, None, rng_key)
 
     def _noisy_gradient(self, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
         self._check_state(svi_state)
         rng_key, grad_key, noise_key = self.rng_suite.split(svi_state.rng_key, 3)
-        records, rebuild, B, per_record = _split_records(args, kwargs)
+        records, treedef, B = _records(args, kwargs)
         if mask is not None:
             mask = jnp.asarray(mask)
             if mask.shape != (B,) or mask.dtype != jnp.bool_:
@@ -388,6 +558,12 @@ class DPSVI(SVI):
                     f"records), got dtype {mask.dtype} and shape {mask.shape}."
                 )
         if expected_batch_size is None:
+            if B == 0:
+                raise ValueError(
+                    "Expected expected_batch_size for a batch of 0 records, got None: the "
+                    "noisy sum is normalised by the public batch size (e.g. q * N under "
+                    "Poisson sampling), never by the realised count."
+                )
             expected_batch_size = B
         elif not isinstance(expected_batch_size, jax.core.Tracer):
             if not (float(expected_batch_size) > 0):
@@ -405,11 +581,13 @@ class DPSVI(SVI):
             key_impl = jax.random.key_impl(record_keys)
             record_keys = jax.random.key_data(record_keys)
         params = self.optim.get_params(svi_state.optim_state)
-        loss_fn = self._record_loss_fn(rebuild, per_record, key_impl)
+        # a public constant (None without clip_unscaled_observations): see _observation_scale
+        scale = self._observation_scale(params, treedef, records)
+        loss_fn = self._record_loss_fn(treedef, scale, key_impl)
         result = clipped_grad_sum(
             loss_fn,
             params,
-            (record_keys, [x for x in records]),
+            (record_keys, list(records)),
             mask,
             self.clipping_threshold,
             strategy=self.gradient_strategy,
@@ -420,15 +598,9 @@ class DPSVI(SVI):
         noisy_sum = add_gaussian_noise(
             result.grad_sum, noise_key, self.dp_scale, self.clipping_threshold, self.rng_suite
         )
-        # public normalisation constant: N / B when undoing the observation scale
-        # (N is the record's observation scale on a batch of one), else 1 / B
-        if self.clip_unscaled_observations:
-            first = [jnp.asarray(x)[:1] if p else None for x, p in zip(records, per_record)]
-            a, k = rebuild(first)
-            N = self._observation_scale(jax_key, self.constrain_fn(params), a, k)
-            factor = N / expected_batch_size
-        else:
-            factor = 1.0 / expected_batch_size
+        # the public normalisation: N / B when the per-record losses were divided
+        # by the observation scale (N, the scale of a batch of one), else 1 / B
+        factor = (1.0 if scale is None else scale) / expected_batch_size
         grad = jax.tree.map(lambda g: g * jnp.asarray(factor, g.dtype), noisy_sum)
         loss = jnp.sum(result.losses) * factor
         return rng_key, grad, loss
@@ -444,17 +616,35 @@ class DPSVI(SVI):
     ):
         """Take one DP-VI step on a batch.
 
+        **Formal guarantees.** Every argument in ``args`` and ``kwargs`` is
+        per-record data: each array in them (pytrees of arrays allowed) must
+        have the batch's leading dimension ``B``, and record ``i`` sees only
+        row ``i`` of each, so one record moves the released sum by at most
+        ``C`` (``2 C`` substituted), as in :class:`DPSVI`. Nothing is treated
+        as shared by guessing: scalars, 0-d arrays, strings and other objects
+        are refused with an error naming the argument; values shared by all
+        records go to the constructor (``DPSVI(..., **static_kwargs)``). The
+        released gradient is the noisy sum times a public constant: the
+        model's likelihood scale of one record (the plate's ``N``, see
+        :class:`DPSVI`) over ``expected_batch_size``, never read from a
+        record. A batch with no real record (all masked, or ``B = 0`` with
+        ``expected_batch_size`` given) yields exactly that constant times pure
+        noise, finite.
+
         :param DPSVIState svi_state: current state.
         :param args: the batch: arrays with one row per record (leading
-            dimension ``B``, real and padded records); scalars are passed on
-            unchanged. Values shared by all records go to the constructor.
+            dimension ``B``, real and padded records). Lists or tuples of
+            numbers and pandas objects are converted with ``np.asarray``, rows
+            as records; non-numeric data raise ``TypeError``. The caller's
+            data is never modified.
         :param mask: optional boolean array ``(B,)``, True for real records
             (e.g. from :func:`d3p.minibatch.poisson_batchify_data`).
         :param expected_batch_size: the public constant by which the noisy sum
-            is normalised; default ``B`` (right for fixed-size batches). Under
-            Poisson sampling pass ``q * N``; never the realised count.
+            is normalised; default ``B`` (right for fixed-size batches; required
+            when ``B = 0``). Under Poisson sampling pass ``q * N``; never the
+            realised count.
         :param bool forward_mode_differentiation: as in NumPyro.
-        :param kwargs: per-record keyword data for model and guide.
+        :param kwargs: per-record keyword data for model and guide, as ``args``.
         :return: ``(svi_state, loss)``; ``loss`` is the minibatch ELBO estimate
             computed from the un-noised data and is NOT private.
         """
@@ -478,6 +668,7 @@ class DPSVI(SVI):
         The decision looks only at the noisy gradient and the resulting
         optimizer state (post-processing of the private release), never at the
         un-noised loss, so skipping leaks nothing. The key advances either way.
+        Arguments, data rules and guarantees as for :meth:`update`.
 
         :return: ``(svi_state, loss)``; ``loss`` is ``nan`` for a skipped step
             and is NOT private.
@@ -499,8 +690,15 @@ class DPSVI(SVI):
         """The ELBO loss on the given data at the current parameters.
 
         NOT private: it is computed from the un-noised data.
+
+        :param DPSVIState svi_state: current state.
+        :param args: per-record data, as for :meth:`update` (lists, tuples of
+            numbers and pandas objects converted, scalars refused).
+        :param kwargs: per-record keyword data, as for :meth:`update`.
         """
         self._check_state(svi_state)
+        records, treedef, _ = _records(args, kwargs)
+        args, kwargs = jax.tree.unflatten(treedef, records)
         _, eval_key = self.rng_suite.split(svi_state.rng_key, 2)
         params = self.get_params(svi_state)
         return self.loss.loss(
@@ -522,8 +720,9 @@ class DPSVI(SVI):
         num_epochs: Optional[float] = None,
         num_iter: Optional[int] = None,
         *,
-        relation: str = "substitute",
+        relation: Optional[str] = None,
         accountant: str = "fourier",
+        sampler: Optional[str] = None,
     ) -> float:
         """The ε of a run with this DPSVI's ``dp_scale``.
 
@@ -532,16 +731,20 @@ class DPSVI(SVI):
         :param num_epochs: length of the run in epochs (``num_iter = num_epochs / q``),
             or give ``num_iter``; exactly one of the two.
         :param int num_iter: number of steps.
-        :param str relation: ``"substitute"`` (default; fixed-size batches without
-            replacement, as from :func:`d3p.minibatch.subsample_batchify_data`) or
-            ``"add_remove"`` (Poisson sampling).
-        :param str accountant: ``"fourier"`` (default) or ``"pld"`` (dp-accounting).
+        :param str relation: ``"substitute"`` or ``"add_remove"``.
+        :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"`` (dp-accounting).
+        :param str sampler: the sampler that drew the batches: ``"poisson"``
+            (:func:`d3p.minibatch.poisson_batchify_data`) or ``"fixed_size"``
+            (:func:`d3p.minibatch.subsample_batchify_data`). With neither
+            ``sampler`` nor ``relation`` given, fixed-size batches under the
+            substitute relation are assumed (d3p 0.2's meaning, and the most
+            conservative of the supported accountings); otherwise resolved by
+            :func:`d3p.accounting.accounting_for`. Poisson-sampled runs pass
+            ``sampler="poisson"`` (add/remove) for their smaller ε.
         """
-        from d3p import accounting
-
         steps = _num_steps(q, num_epochs, num_iter)
-        return accounting.compute_epsilon(
-            self.dp_scale, q, steps, target_delta, relation=relation, accountant=accountant
+        return _method_accounting(sampler, relation).epsilon(
+            self.dp_scale, q, steps, target_delta, accountant=accountant
         )
 
     def get_delta(
@@ -551,18 +754,17 @@ class DPSVI(SVI):
         num_epochs: Optional[float] = None,
         num_iter: Optional[int] = None,
         *,
-        relation: str = "substitute",
+        relation: Optional[str] = None,
         accountant: str = "fourier",
+        sampler: Optional[str] = None,
     ) -> float:
         """The δ of a run with this DPSVI's ``dp_scale`` at the given ε.
 
         Arguments as for :meth:`get_epsilon`, with ``target_epsilon`` for δ.
         """
-        from d3p import accounting
-
         steps = _num_steps(q, num_epochs, num_iter)
-        return accounting.compute_delta(
-            self.dp_scale, q, steps, target_epsilon, relation=relation, accountant=accountant
+        return _method_accounting(sampler, relation).delta(
+            self.dp_scale, q, steps, target_epsilon, accountant=accountant
         )
 
     # ------------------------------------------------------------------ run
@@ -574,10 +776,11 @@ class DPSVI(SVI):
         *args,
         batch_size: Optional[int] = None,
         q: Optional[float] = None,
-        sampling: str = "fixed",
+        sampling: str = "poisson",
         max_batch_size: Optional[int] = None,
         target_delta: Optional[float] = None,
         accountant: str = "fourier",
+        relation: Optional[str] = None,
         progress_bar: bool = True,
         stable_update: bool = False,
         forward_mode_differentiation: bool = False,
@@ -591,28 +794,37 @@ class DPSVI(SVI):
         at every step, this draws a new minibatch from the full data for every
         step, with the sampler the privacy accounting assumes:
 
-        - ``sampling="fixed"`` (default): ``batch_size`` distinct records, uniformly
-          (:class:`d3p.minibatch.FixedSizeSampler`, exactly uniform); relation: substitute.
-        - ``sampling="poisson"``: each record independently with probability ``q``,
-          padded to ``max_batch_size`` with a mask
-          (:class:`d3p.minibatch.PoissonSampler`); relation: add/remove.
+        - ``sampling="poisson"`` (default): each record independently with
+          probability ``q`` (or ``batch_size / N``), padded to ``max_batch_size``
+          with a mask (:class:`d3p.minibatch.PoissonSampler`); relation
+          add/remove by default, or substitute.
+        - ``sampling="fixed"``: ``batch_size`` distinct records, uniformly
+          (:class:`d3p.minibatch.FixedSizeSampler`, exactly uniform); relation
+          substitute, accounted with the add/remove pair at noise multiplier
+          σ/2, which dominates it (see :func:`d3p.accounting.accounting_for`);
+          it needs about twice the noise of Poisson sampling for the same ε.
 
         The noisy sum is normalised by the sampler's public expected batch
-        size. The ε spent is computed for that sampler's relation, shown in the
-        progress bar (an upper bound, updated along the way) and attached to
-        the result.
+        size. The ε spent is computed by :func:`d3p.accounting.accounting_for`
+        for the sampler actually used (no other accounting can be chosen
+        here), shown in the progress bar (an upper bound, updated along the
+        way) and attached to the result.
 
         :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey()``).
         :param int num_steps: number of steps, ``>= 1``.
         :param args: the FULL data set: arrays with one row per record (``N`` rows).
-        :param int batch_size: B (fixed sampling); or give ``q``.
+        :param int batch_size: B: the batch size (fixed sampling) or the
+            expected batch size (Poisson sampling, ``q = B / N``); or give ``q``.
         :param float q: sampling probability; ``batch_size = round(q N)`` for fixed
             sampling.
-        :param str sampling: ``"fixed"`` or ``"poisson"``.
+        :param str sampling: ``"poisson"`` (default) or ``"fixed"``.
         :param int max_batch_size: padded batch size for Poisson sampling (default:
             overflow probability negligible, see :class:`d3p.minibatch.PoissonSampler`).
         :param float target_delta: δ for reporting ε; default ``1 / N**2``.
-        :param str accountant: ``"fourier"`` or ``"pld"``.
+        :param str accountant: ``"fourier"``, ``"rdp"`` or ``"pld"``.
+        :param str relation: the relation of the reported guarantee:
+            ``"add_remove"`` (default for Poisson sampling) or ``"substitute"``
+            (Poisson or fixed-size; the only one for fixed-size).
         :param bool progress_bar: show a tqdm bar (loss and ε), advanced
             after each compiled chunk of about 5% of the steps (at most 1000);
             without it all steps run in one ``lax.scan``. The result is the
@@ -633,36 +845,28 @@ class DPSVI(SVI):
         records, rebuild, N, per_record = _split_records(args, kwargs, what="data")
         if N < 1:
             raise ValueError("Expected a non-empty data set, got 0 records.")
+        if sampling not in ("poisson", "fixed"):
+            raise ValueError(f"Expected sampling in ('poisson', 'fixed'), got sampling={sampling!r}.")
+        if (batch_size is None) == (q is None):
+            raise ValueError(
+                f"Expected exactly one of batch_size and q for sampling={sampling!r}, got "
+                f"batch_size={batch_size}, q={q}. (For full-batch training pass batch_size=N.)"
+            )
         if sampling == "fixed":
-            if (batch_size is None) == (q is None):
-                raise ValueError(
-                    "Expected exactly one of batch_size and q for sampling='fixed', got "
-                    f"batch_size={batch_size}, q={q}. (For full-batch training pass batch_size=N.)"
-                )
             if batch_size is None:
                 batch_size = minibatch.q_to_batch_size(q, N)
             if max_batch_size is not None:
                 raise ValueError("max_batch_size applies only to sampling='poisson'.")
             sampler = minibatch.FixedSizeSampler(N, batch_size)
-        elif sampling == "poisson":
-            if q is None or batch_size is not None:
-                raise ValueError(
-                    f"Expected q (and no batch_size) for sampling='poisson', got q={q}, "
-                    f"batch_size={batch_size}."
-                )
-            sampler = minibatch.PoissonSampler(N, q, max_batch_size)
         else:
-            raise ValueError(f"Expected sampling in ('fixed', 'poisson'), got sampling={sampling!r}.")
+            if q is None:
+                q = minibatch.batch_size_to_q(batch_size, N)
+            sampler = minibatch.PoissonSampler(N, q, max_batch_size)
+        acc = accounting.accounting_for(sampler.name, relation)
         if target_delta is None:
             target_delta = 1.0 / N**2
-        tracker = accounting.EpsilonTracker(
-            self.dp_scale,
-            sampler.q,
-            target_delta,
-            relation=sampler.relation,
-            num_steps=num_steps,
-            accountant=accountant,
-        )
+        tracker = acc.tracker(self.dp_scale, sampler.q, target_delta, num_steps=num_steps,
+                              accountant=accountant)
 
         init_key, batch_key = self.rng_suite.split(rng_key, 2)
         rng_suite = self.rng_suite
@@ -727,12 +931,11 @@ class DPSVI(SVI):
         result = DPSVIRunResult(self.get_params(svi_state), svi_state, losses)
         result.epsilon = tracker.epsilon(num_steps)
         # a Poisson batch larger than max_batch_size is truncated: that event's
-        # probability adds to δ (see d3p.minibatch.poisson_overflow_delta)
-        result.delta = target_delta
-        if sampling == "poisson":
-            result.delta = min(1.0, target_delta + minibatch.poisson_overflow_delta(
-                N, sampler.q, sampler.max_batch_size, num_steps, result.epsilon))
-        result.relation = sampler.relation
+        # probability adds to δ
+        result.delta = min(1.0, target_delta + acc.overflow_delta(
+            N, sampler.q, sampler.max_batch_size, num_steps, result.epsilon))
+        result.relation = acc.relation
+        result.sampler = acc.sampler
         result.sigma = self.dp_scale
         result.q = sampler.q
         result.num_steps = num_steps
@@ -741,6 +944,17 @@ class DPSVI(SVI):
 
 #: Most steps run between two updates of ``run``'s progress bar.
 _MAX_BAR_CHUNK = 1000
+
+
+def _method_accounting(sampler, relation):
+    """The accounting of :meth:`DPSVI.get_epsilon`/:meth:`DPSVI.get_delta`:
+    with neither argument, fixed-size batches under substitute (d3p 0.2's
+    meaning, and the most conservative accounting)."""
+    from d3p import accounting
+
+    if sampler is None and relation is None:
+        sampler = "fixed_size"
+    return accounting.accounting_for(sampler, relation)
 
 
 def _num_steps(q, num_epochs, num_iter) -> int:

@@ -7,8 +7,11 @@ turns the attack's success into a lower bound on ε valid with confidence
 
 1. the real step (clipped_grad_sum + add_gaussian_noise; q = 1, T = 1, the
    Gaussian mechanism, where the accountant's ε is exact) for several σ;
-2. several steps of DPSVI.update under Poisson sampling (the attacker sees
-   every step);
+2. several steps of DPSVI.update under Poisson sampling (d3p's default; the
+   canary added or removed, add/remove relation) and with fixed-size batches
+   without replacement (the canary substituted; substitute relation,
+   accounted with the add/remove pair at σ/2, so σ = 4 there claims the same
+   ε as σ = 2 with Poisson sampling); the attacker sees every step;
 3. deliberately broken versions of the step (noise off, noise 10x too small,
    clipping disabled, noise divided by the realised batch size), made by
    swapping d3p's functions for broken ones for the duration of the audit.
@@ -117,10 +120,13 @@ def main():
         step_results[sigma] = res
         rows.append((f"step, σ={sigma}", "correct", res))
 
-    # 2. DPSVI, several Poisson-subsampled steps
+    # 2. DPSVI, several Poisson-subsampled steps (add/remove), then fixed-size batches (substitute)
     dpsvi_runs = max(runs // 4, 2000)
     res = audit.audit_dpsvi(keys[8], dpsvi_runs, dp_scale=2.0, q=0.5, num_steps=4, progress_bar=True, **common)
     rows.append(("DPSVI σ=2 q=0.5 T=4", "correct", res))
+    res = audit.audit_dpsvi(keys[9], dpsvi_runs, dp_scale=4.0, q=0.5, num_steps=4, sampling="fixed",
+                            progress_bar=True, **common)
+    rows.append(("DPSVI fixed σ=4 q=.5 T=4", "correct", res))
 
     # 3. broken steps, σ = 4 (claimed ε about 0.9 at δ = 1e-5)
     broken_runs = min(runs, 20_000)
@@ -131,11 +137,11 @@ def main():
 
     print()
     print(f"Empirical privacy audit (δ={args.delta:g}, confidence {1 - args.beta:g}); {time.time() - t0:.0f} s")
-    print(f"{'mechanism':<22} {'variant':<16} {'runs':>8} {'AUC':>7} {'ε_lower':>9} {'ε_accountant':>13}  verdict")
+    print(f"{'mechanism':<24} {'variant':<16} {'runs':>8} {'AUC':>7} {'ε_lower':>9} {'ε_accountant':>13}  verdict")
     for name, variant, r in rows:
         verdict = "VIOLATION" if r.violation else "ok"
         print(
-            f"{name:<22} {variant:<16} {len(r.scores_in):>8} {r.auc:7.4f} {r.epsilon_lower:9.3f} "
+            f"{name:<24} {variant:<16} {len(r.scores_in):>8} {r.auc:7.4f} {r.epsilon_lower:9.3f} "
             f"{r.epsilon_accountant:13.3f}  {verdict}"
         )
 

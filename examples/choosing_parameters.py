@@ -8,8 +8,15 @@ fitting a new model with :class:`d3p.svi.DPSVI`:
 3. the clipping threshold C, from public knowledge or pilot data, never from
    the private records;
 4. the batch size B (equivalently q = B/N) and the number of steps T;
-5. the noise multiplier σ from (ε, δ, q, T) with
-   :func:`d3p.dputil.approximate_sigma`, and how to check it.
+5. the noise multiplier σ from (ε, δ, q, T) for the sampler and relation of
+   the run, and how to check it. d3p's default is Poisson sampling (every
+   record in a step with probability q; B = qN is the expected batch size)
+   under the add/remove relation: :func:`d3p.dputil.approximate_sigma_remove_relation`.
+   The walkthrough also prints what the two other accountings need:
+   Poisson sampling under the substitute relation
+   (``calibrate_sigma(..., sampler="poisson", relation="substitute")``) and
+   fixed-size batches without replacement under the substitute relation
+   (:func:`d3p.dputil.approximate_sigma`, ``DPSVI.run(sampling="fixed")``).
 
 The running example is the logistic regression of the d3p paper (listing 2)
 on a hypothetical private data set of N = 20 000 records with d = 10 features
@@ -42,8 +49,8 @@ import numpyro  # noqa: E402
 import numpyro.distributions as dist  # noqa: E402
 from numpyro.infer import Trace_ELBO  # noqa: E402
 
-from d3p.accounting import compute_epsilon  # noqa: E402
-from d3p.dputil import approximate_sigma, approximate_sigma_remove_relation  # noqa: E402
+from d3p.accounting import accounting_for, compute_epsilon  # noqa: E402
+from d3p.dputil import approximate_sigma, approximate_sigma_remove_relation, calibrate_sigma  # noqa: E402
 
 DEFAULT_OUTPUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "output")
 N = 20_000  # records in the (hypothetical) private data set
@@ -139,13 +146,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     δ is the probability mass on which the e^ε bound may fail. A mechanism that publishes
     one random record in full satisfies (0, 1/N)-DP, so δ must be well below 1/N =
     {1 / N:.0e}; δ = 1/N² or 1e-6..1e-8 are typical. Smaller δ costs little: below is the
-    ε that the same run (σ = 6, q = 0.005, T = 20 000, fixed-size batches) spends at
-    several δ.
+    ε that the same run (σ = 3, q = 0.005, T = 20 000, Poisson sampling, add/remove
+    relation: d3p's default) spends at several δ.
     """)
     deltas = [1.0 / N, 0.1 / N, 1e-6, 1.0 / N**2, 1e-10]
     rows = []
     for d_ in deltas if not args.quick else deltas[:3]:
-        rows.append([f"{d_:.1e}", compute_epsilon(6.0, 0.005, 20_000, d_, relation="substitute")])
+        rows.append([f"{d_:.1e}", compute_epsilon(3.0, 0.005, 20_000, d_, sampler="poisson",
+                                                  relation="add_remove")])
     table(["δ", "ε"], rows)
     delta = 1e-6
     say(f"We choose δ = {delta:g} (= 1/(50 N)).")
@@ -210,7 +218,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     of B for a fixed number of steps: larger batches cost compute, not privacy, and make
     each step less noisy. More steps need more noise per step, but more steps also
     average the noise out; the table shows σ and σC/B for ε = {epsilon:g}, δ = {delta:g}
-    (fixed-size batches, substitute relation) and the number of epochs q·T.
+    (Poisson sampling with expected batch size B, add/remove relation: d3p's default)
+    and the number of epochs q·T. (Fixed-size batches need twice these σ, see step 5.)
     """)
     if args.quick:
         Bs, Ts = [50, 500], [1000, 10_000]
@@ -221,7 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for B in Bs:
         for T in Ts:
             q = B / N
-            sigma, eps, _ = approximate_sigma(epsilon, delta, q, T)
+            sigma, eps, _ = approximate_sigma_remove_relation(epsilon, delta, q, T)
             grid[(B, T)] = sigma
             rows.append([B, f"{q:.4f}", T, f"{q * T:.3g}", sigma, sigma * C / B])
     table(["B", "q", "T", "epochs", "σ", "σC/B"], rows)
@@ -233,7 +242,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ax.set_yscale("log")
     ax.set_xlabel("batch size B")
     ax.set_ylabel("noise std in the averaged gradient, σC/B")
-    ax.set_title(f"ε={epsilon:g}, δ={delta:g}, N={N}, C={C:g}")
+    ax.set_title(f"ε={epsilon:g}, δ={delta:g}, N={N}, C={C:g} (Poisson, add/remove)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     png = os.path.join(args.output_dir, "choosing_parameters.png")
@@ -243,44 +252,92 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     B, T = (500, 10_000) if args.quick else (100, 20_000)
     q = B / N
     say(f"""
-    A reasonable choice here: B = {B} (q = {q:g}) and T = {T} ({q * T:g} epochs); the
-    loss curves of a non-private pilot run on synthetic data tell how many steps the
-    model needs (DP-VI usually needs more than non-private VI).
+    A reasonable choice here: an expected batch size B = {B} (q = {q:g}) and T = {T}
+    ({q * T:g} epochs); the loss curves of a non-private pilot run on synthetic data tell
+    how many steps the model needs (DP-VI usually needs more than non-private VI).
     """)
 
     # ------------------------------------------------------------------ σ
     print("-- Step 5: σ, and checking it " + "-" * 58)
-    sigma, eps, evals = approximate_sigma(epsilon, delta, q, T)
-    eps_check = compute_epsilon(sigma, q, T, delta, relation="substitute")
-    eps_pld = compute_epsilon(sigma, q, T, delta, relation="substitute", accountant="pld")
-    sigma_p, eps_p, _ = approximate_sigma_remove_relation(epsilon, delta, q, T)
+    sigma, eps, evals = approximate_sigma_remove_relation(epsilon, delta, q, T)
+    eps_check = compute_epsilon(sigma, q, T, delta, sampler="poisson", relation="add_remove")
+    eps_pld = compute_epsilon(sigma, q, T, delta, sampler="poisson", relation="add_remove", accountant="pld")
     say(f"""
-    approximate_sigma(ε={epsilon:g}, δ={delta:g}, q={q:g}, T={T}) returns σ = {sigma:.4f}
-    (achieving ε = {eps:.4f}, {evals} accountant evaluations). Check it independently:
-    compute_epsilon(σ, q, T, δ, relation="substitute") = {eps_check:.4f} (Fourier accountant),
-    and {eps_pld:.4f} with dp-accounting's PLD accountant.
-
-    The relation must match the sampler. approximate_sigma is for fixed-size batches
-    without replacement (DPSVI.run's default sampling="fixed", or
-    d3p.minibatch.subsample_batchify_data): neighbouring data sets differ by
-    substituting one record. For Poisson sampling (sampling="poisson", each record
-    with probability q) use approximate_sigma_remove_relation (add/remove one record):
-    here σ = {sigma_p:.4f} (ε = {eps_p:.4f}). The two ε are not comparable one to one:
-    substituting one record is like removing one and adding another, so the same σ
-    gives roughly twice the ε under "substitute".
+    The sampler and the neighbouring relation of the run decide which accounting applies.
+    d3p's default is Poisson sampling (DPSVI.run's sampling="poisson", or
+    d3p.minibatch.poisson_batchify_data with its mask and expected_batch_size = qN):
+    every record enters a step independently with probability q, and the guarantee is
+    stated under the add/remove relation (neighbouring data sets differ by the presence
+    of one record). Its calibration:
+    approximate_sigma_remove_relation(ε={epsilon:g}, δ={delta:g}, q={q:g}, T={T}) returns
+    σ = {sigma:.4f} (achieving ε = {eps:.4f}, {evals} accountant evaluations). Check it
+    independently: compute_epsilon(σ, q, T, δ) = {eps_check:.4f} (Fourier accountant;
+    Poisson sampling under add/remove is its default), and {eps_pld:.4f} with
+    dp-accounting's PLD accountant.
+    """)
+    # the three supported accountings; accounting_for maps each to the pair it composes
+    options = [("poisson", "add_remove", "approximate_sigma_remove_relation", "run(...) (default)"),
+               ("poisson", "substitute", 'calibrate_sigma(sampler="poisson", relation="substitute")',
+                'run(..., relation="substitute")'),
+               ("fixed_size", "substitute", "approximate_sigma", 'run(..., sampling="fixed")')]
+    found = {}
+    rows = []
+    for sampler, relation, function, run in options:
+        if (sampler, relation) == ("poisson", "add_remove"):
+            s_, e_ = sigma, eps
+        elif sampler == "fixed_size":
+            s_, e_, _ = approximate_sigma(epsilon, delta, q, T)
+        else:
+            s_, e_, _ = calibrate_sigma(epsilon, delta, q, T, sampler=sampler, relation=relation)
+        found[(sampler, relation)] = s_
+        rows.append([accounting_for(sampler, relation).describe().replace(" without replacement", ""),
+                     s_, e_, s_ * C / B])
+        rows[-1].insert(1, function)
+    print(f"  What each accounting needs for ε = {epsilon:g}, δ = {delta:g}, q = {q:g}, T = {T}:")
+    print()
+    print(f"  {'sampler, relation':<42}{'calibrated with':<58} {'σ':>8} {'ε':>8} {'σC/B':>8}")
+    for how, function, s_, e_, noise in rows:
+        print(f"  {how:<42}{function:<58} {s_:8.4f} {e_:8.4f} {noise:8.4f}")
+    print()
+    sigma_ps = found[("poisson", "substitute")]
+    sigma_fx = found[("fixed_size", "substitute")]
+    eps_fx_at_ps = compute_epsilon(sigma_ps, q, T, delta, sampler="fixed_size", relation="substitute")
+    # where σ is small the gap is wide (the example of docs/privacy_accounting.md)
+    small = dict(sigma=0.822, q=0.01, num_steps=1000, delta=1e-5)
+    eps_mid_small = compute_epsilon(**small, sampler="poisson", relation="substitute")
+    eps_fx_small = compute_epsilon(**small, sampler="fixed_size", relation="substitute")
+    say(f"""
+    Poisson sampling under the substitute relation (neighbouring data sets of the same
+    size, differing in one record's value) composes the midpoint pair
+    (1-q)N(0,σ²)+qN(1,σ²) against (1-q)N(0,σ²)+qN(-1,σ²) and needs σ = {sigma_ps:.4f};
+    pass relation="substitute" to DPSVI.run for it. Fixed-size batches of exactly B
+    records without replacement (sampling="fixed", or
+    d3p.minibatch.subsample_batchify_data) are accounted under the substitute relation
+    with the add/remove pair at noise multiplier σ/2, because a substituted record's
+    slot is refilled by another record when it is not sampled: they need σ =
+    {sigma_fx:.4f}, {sigma_fx / sigma:.2f} times the default's. The midpoint pair is
+    optimistic for fixed-size batches (the d3p paper accounted them with it): with
+    σ = {sigma_ps:.4f} they actually spend ε = {eps_fx_at_ps:.4f}, not {epsilon:g}. Here the
+    gap is small because σ is large; at σ = 0.822, q = 0.01, T = 1000 and δ = 1e-5 the
+    midpoint pair gives ε = {eps_mid_small:.3g} where fixed-size batches spend
+    ε = {eps_fx_small:.3g}. The ε of the two relations are not comparable
+    one to one either: substituting one record is like removing one and adding another,
+    so the same σ gives roughly twice the ε under "substitute".
     """)
 
-    print("Putting it together:")
+    print("Putting it together (d3p's default: Poisson sampling, add/remove relation):")
     print()
     print(f"    svi = DPSVI(model, guide, numpyro.optim.Adam(1e-3), Trace_ELBO(),")
     print(f"                clipping_threshold={C:g}, dp_scale={sigma:.4f}, N={N})")
     print(f"    result = svi.run(d3p.random.PRNGKey(), {T}, xs, ys, batch_size={B},")
-    print(f"                     target_delta={delta:g})")
+    print(f"                     target_delta={delta:g})   # q = batch_size / N = {q:g}")
     print()
     say(f"""
-    and result.epsilon reports the ε actually spent ({eps:.3g}). Each further run on the
-    same data (a second try with other hyperparameters included) spends budget again:
-    compose them with d3p.accounting.compose_epsilon, or tune on public or synthetic data.
+    and result.epsilon reports the ε actually spent ({eps:.4f}), with result.sampler
+    ("poisson") and result.relation ("add_remove") saying how it was accounted. Each
+    further run on the same data (a second try with other hyperparameters included)
+    spends budget again: compose them with d3p.accounting.compose_epsilon, or tune on
+    public or synthetic data.
     """)
     print(f"Wrote {png}")
     return 0

@@ -17,7 +17,13 @@ dimensional data from 5 spherical clusters, 1 000 DP-VI iterations, the
 log-likelihood of a held-out test set under the learned posterior predictive,
 for ε from 0.1 to 10 and non-privately, five seeds each. The paper reused the
 original code's noise levels σ; here σ is calibrated from (ε, δ) with
-:func:`d3p.dputil.approximate_sigma`. Outputs:
+:func:`d3p.dputil.calibrate_sigma` for the sampler the run uses: by default
+(d3p's default) Poisson sampling, each record in a step with probability
+q = B/N (expected batch size B, padded with a mask), under the add/remove
+relation; with ``--sampling fixed``, batches of exactly B distinct records
+under the substitute relation (accounted with the pair that dominates
+fixed-size sampling, :func:`d3p.accounting.accounting_for`; about twice the
+σ). Outputs:
 
 * ``gmm_test_loglik.png``: mean test log-likelihood per record against ε
   (log axis) with standard-error bars, the non-private level and the
@@ -29,8 +35,9 @@ original code's noise levels σ; here σ is calibrated from (ε, δ) with
 
 Usage::
 
-    python examples/gmm.py               # full (about 5 minutes on 2 CPU cores)
+    python examples/gmm.py               # full (see examples/README.md for the time)
     python examples/gmm.py --quick       # CI
+    python examples/gmm.py --sampling fixed   # fixed-size batches (substitute relation)
     python examples/gmm.py --output-dir /tmp/gmm
 """
 
@@ -60,7 +67,8 @@ from numpyro.infer.autoguide import AutoDiagonalNormal  # noqa: E402
 from numpyro.infer.initialization import init_to_uniform  # noqa: E402
 
 import d3p.random  # noqa: E402
-from d3p.dputil import approximate_sigma  # noqa: E402
+from d3p.accounting import accounting_for  # noqa: E402
+from d3p.dputil import calibrate_sigma  # noqa: E402
 from d3p.svi import DPSVI  # noqa: E402
 
 DEFAULT_OUTPUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "output")
@@ -155,13 +163,20 @@ def predictive_loglik(guide, params, test, rng_key, num_samples=200) -> float:
 # ---------------------------------------------------------------- experiment
 
 
+def sampler_name(sampling: str) -> str:
+    """The accounting's name of a ``DPSVI.run`` sampling option."""
+    return "poisson" if sampling == "poisson" else "fixed_size"
+
+
 def run_level(epsilon: float, train, test, args) -> Dict:
     N = train.shape[0]
     B = args.batch_size
     if epsilon == NON_PRIVATE:
         sigma, C = 0.0, float("inf")
     else:
-        sigma, _, _ = approximate_sigma(epsilon, args.delta, B / N, args.num_steps)
+        # σ for the sampler DPSVI.run uses below (Poisson: add/remove; fixed: substitute)
+        sigma, _, _ = calibrate_sigma(epsilon, args.delta, B / N, args.num_steps,
+                                      sampler=sampler_name(args.sampling))
         C = args.clipping_threshold
     # NumPyro's default initialisation (uniform in (-r, r) in the unconstrained
     # space) with r=1 instead of 2: data-independent, and it starts the means
@@ -175,8 +190,8 @@ def run_level(epsilon: float, train, test, args) -> Dict:
     spent = []
 
     def one_run(key):
-        result = svi.run(key, args.num_steps, xs, batch_size=B, target_delta=args.delta,
-                         progress_bar=False)
+        result = svi.run(key, args.num_steps, xs, batch_size=B, sampling=args.sampling,
+                         target_delta=args.delta, progress_bar=False)
         spent.append(result.epsilon)
         return result.params
 
@@ -213,7 +228,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="privacy levels (default 0.1 0.2 0.5 1 2 5 10); a non-private run is added")
     parser.add_argument("--num-train", type=int, default=10_000, help="training records N (default 10000)")
     parser.add_argument("--num-test", type=int, default=1_000, help="test records (default 1000)")
-    parser.add_argument("--batch-size", type=int, default=100, help="B (default 100, q = B/N = 0.01)")
+    parser.add_argument("--batch-size", type=int, default=100,
+                        help="B: expected batch size (Poisson) or batch size (fixed); "
+                             "default 100, q = B/N = 0.01")
+    parser.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
+                        help="poisson (default; add/remove relation) or fixed-size batches without "
+                             "replacement (substitute relation)")
     parser.add_argument("--delta", type=float, default=None, help="δ (default 1/(10 N) = 1e-5)")
     parser.add_argument("--clipping-threshold", type=float, default=10.0,
                         help="C (default 10, chosen on pilot data from other seeds of the generator)")
@@ -236,9 +256,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     reference = true_loglik(test)
     levels = list(args.epsilons) + [NON_PRIVATE]
     print("Gaussian mixture model (k=5 spherical components, d=2), DP-VI with d3p")
+    size = "expected batch size" if args.sampling == "poisson" else "batch size"
     print(f"  N={args.num_train} training / {args.num_test} test records, {args.num_steps} steps, "
-          f"batch size {args.batch_size} (q={args.batch_size / args.num_train:g}), δ={args.delta:g}, "
+          f"{size} {args.batch_size} (q={args.batch_size / args.num_train:g}), δ={args.delta:g}, "
           f"C={args.clipping_threshold}, Adam({args.learning_rate}), {args.seeds} seeds")
+    print(f"  {accounting_for(sampler_name(args.sampling)).describe()}")
     print(f"  training {len(levels)} privacy levels ({args.jobs} in parallel) ...", flush=True)
     start = time.perf_counter()
     results = []
@@ -255,12 +277,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     csv_path = os.path.join(args.output_dir, "gmm_results.csv")
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["level", "epsilon_target", "epsilon_spent", "delta", "sigma", "C", "num_steps",
-                    "batch_size", "seed", "test_loglik_per_record"])
+        w.writerow(["level", "epsilon_target", "epsilon_spent", "delta", "sampling", "sigma", "C",
+                    "num_steps", "batch_size", "seed", "test_loglik_per_record"])
         for r in results:
             for s, ll in enumerate(r["lls"]):
-                w.writerow([label(r["epsilon"]), r["epsilon"], r["epsilon_spent"], args.delta, r["sigma"],
-                            r["clip"], args.num_steps, args.batch_size, s, f"{ll:.5f}"])
+                w.writerow([label(r["epsilon"]), r["epsilon"], r["epsilon_spent"], args.delta, args.sampling,
+                            r["sigma"], r["clip"], args.num_steps, args.batch_size, s, f"{ll:.5f}"])
 
     private = [r for r in results if r["epsilon"] != NON_PRIVATE]
     nonpriv = [r for r in results if r["epsilon"] == NON_PRIVATE][0]

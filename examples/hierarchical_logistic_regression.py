@@ -18,13 +18,24 @@ dimensional records; train on N records, evaluate the AUC of the posterior
 predictive distribution on a held-out test set of the same size N, for
 ε in {2, 4, 8} (δ = 1/N, as in the paper) and non-privately, ten seeds each;
 compare with a non-private, non-hierarchical logistic regression (scikit-learn)
-as a simple baseline. Outputs:
+as a simple baseline.
+
+Sampling and accounting (d3p's default): each step includes every training
+record independently with probability q = B/N (Poisson sampling with an
+expected batch size B, padded to a fixed shape with a mask), and ε is stated
+under the add/remove relation; σ comes from
+:func:`d3p.dputil.calibrate_sigma` for that sampler. ``--sampling fixed``
+uses batches of exactly B distinct records instead, accounted under the
+substitute relation with the pair that dominates fixed-size sampling (see
+:func:`d3p.accounting.accounting_for`); it needs about twice the σ.
+
+Outputs:
 
 * ``hlr_auc_by_epsilon.png``: box plots of the AUC at N=500 per privacy
   level, with the baseline as a red line (the paper's Figure 4);
 * ``hlr_auc_by_n.png``: mean ± one standard deviation of the AUC against N
   (the paper's Figure 5);
-* ``hlr_results.csv``: every run (N, level, seed, σ, ε, AUC).
+* ``hlr_results.csv``: every run (N, level, seed, sampler, relation, σ, ε, AUC).
 
 The paper trained for 100 000 iterations. Here every configuration (N, ε)
 runs its ten seeds at once (``jax.vmap`` over :meth:`DPSVI.run` with
@@ -38,6 +49,7 @@ Usage::
     python examples/hierarchical_logistic_regression.py            # full
     python examples/hierarchical_logistic_regression.py --quick    # CI, ~1 min
     python examples/hierarchical_logistic_regression.py --num-steps 30000 --output-dir /tmp/hlr
+    python examples/hierarchical_logistic_regression.py --sampling fixed   # fixed-size batches
 """
 
 import argparse
@@ -64,7 +76,8 @@ from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 import d3p.random  # noqa: E402
-from d3p.dputil import approximate_sigma  # noqa: E402
+from d3p.accounting import accounting_for  # noqa: E402
+from d3p.dputil import calibrate_sigma  # noqa: E402
 from d3p.svi import DPSVI  # noqa: E402
 
 DEFAULT_OUTPUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "output")
@@ -169,6 +182,11 @@ class Config(NamedTuple):
     epsilon: float  # NON_PRIVATE for non-private VI
 
 
+def sampler_name(sampling: str) -> str:
+    """The accounting's name of a ``DPSVI.run`` sampling option."""
+    return "poisson" if sampling == "poisson" else "fixed_size"
+
+
 def run_config(cfg: Config, data, truth: Truth, args) -> Dict:
     """Train ``args.seeds`` runs for one (N, ε) at once and return their AUCs."""
     train, test = data
@@ -178,7 +196,9 @@ def run_config(cfg: Config, data, truth: Truth, args) -> Dict:
     if cfg.epsilon == NON_PRIVATE:
         sigma, C = 0.0, float("inf")
     else:
-        sigma, _, _ = approximate_sigma(cfg.epsilon, delta, B / N, args.num_steps)
+        # σ for the sampler DPSVI.run uses below (Poisson: add/remove; fixed: substitute)
+        sigma, _, _ = calibrate_sigma(cfg.epsilon, delta, B / N, args.num_steps,
+                                      sampler=sampler_name(args.sampling))
         C = args.clipping_threshold
     gs = jnp.asarray(truth.gs)
     svi = DPSVI(
@@ -196,11 +216,13 @@ def run_config(cfg: Config, data, truth: Truth, args) -> Dict:
     )
     xs, ys, ls = (jnp.asarray(a) for a in train)
     eps_spent = []
+    accounted = []
 
     def one_run(key):
-        result = svi.run(key, args.num_steps, xs, ys, ls, batch_size=B,
+        result = svi.run(key, args.num_steps, xs, ys, ls, batch_size=B, sampling=args.sampling,
                          target_delta=delta, progress_bar=False)
         eps_spent.append(result.epsilon)  # computed on the host, once
+        accounted.append((result.sampler, result.relation))
         return result.params
 
     start = time.perf_counter()
@@ -218,9 +240,10 @@ def run_config(cfg: Config, data, truth: Truth, args) -> Dict:
         p = jax.tree.map(lambda a: a[s], params)
         probs = predictive_probabilities(p, jnp.asarray(test[0]), jnp.asarray(test[2]), gs, eval_keys[s])
         aucs.append(float(roc_auc_score(test[1], np.asarray(probs))))
+    sampler, relation = accounted[0]
     return dict(N=N, epsilon=cfg.epsilon, sigma=sigma, clip=C,
                 epsilon_spent=eps_spent[0] if eps_spent else float("nan"),
-                aucs=aucs, seconds=seconds)
+                sampler=sampler, relation=relation, aucs=aucs, seconds=seconds)
 
 
 def label(eps: float) -> str:
@@ -241,7 +264,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="privacy levels ε (default 2 4 8); a non-private run is always added")
     parser.add_argument("--sizes", type=int, nargs="+", default=None,
                         help="training set sizes N (default 100 200 500 1000); must include 500")
-    parser.add_argument("--batch-size", type=int, default=10, help="records per step B (default 10)")
+    parser.add_argument("--batch-size", type=int, default=10,
+                        help="B: expected records per step (Poisson, q = B/N) or records per step (fixed); "
+                             "default 10")
+    parser.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
+                        help="poisson (default; add/remove relation) or fixed-size batches without "
+                             "replacement (substitute relation)")
     parser.add_argument("--clipping-threshold", type=float, default=2.0, help="C (default 2)")
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam step size (default 1e-3)")
     parser.add_argument("--jobs", type=int, default=2, help="configurations trained in parallel (default 2)")
@@ -274,8 +302,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     levels = list(args.epsilons) + [NON_PRIVATE]
     configs = [Config(N, eps) for N in args.sizes for eps in levels]
     print(f"Hierarchical logistic regression (L={L}, K={K}, D={D}), DP-VI with d3p")
-    print(f"  {args.num_steps} steps per run, batch size {args.batch_size}, C={args.clipping_threshold}, "
-          f"Adam({args.learning_rate}), {args.seeds} seeds, δ=1/N, fixed-size batches (substitute relation)")
+    how = accounting_for(sampler_name(args.sampling)).describe()
+    size = "expected batch size" if args.sampling == "poisson" else "batch size"
+    print(f"  {args.num_steps} steps per run, {size} {args.batch_size}, C={args.clipping_threshold}, "
+          f"Adam({args.learning_rate}), {args.seeds} seeds, δ=1/N, {how}")
     print(f"  training {len(configs)} configurations ({args.jobs} in parallel) ...", flush=True)
     start = time.perf_counter()
     results = []
@@ -292,12 +322,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     csv_path = os.path.join(args.output_dir, "hlr_results.csv")
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["N", "level", "epsilon_target", "epsilon_spent", "delta", "sigma", "C",
-                    "num_steps", "batch_size", "seed", "auc"])
+        w.writerow(["N", "level", "epsilon_target", "epsilon_spent", "delta", "sampler", "relation", "sigma",
+                    "C", "num_steps", "batch_size", "seed", "auc"])
         for r in results:
             for s, auc in enumerate(r["aucs"]):
                 w.writerow([r["N"], label(r["epsilon"]), r["epsilon"], r["epsilon_spent"], 1.0 / r["N"],
-                            r["sigma"], r["clip"], args.num_steps, args.batch_size, s, f"{auc:.5f}"])
+                            r["sampler"], r["relation"], r["sigma"], r["clip"], args.num_steps,
+                            args.batch_size, s, f"{auc:.5f}"])
 
     by = {(r["N"], r["epsilon"]): r for r in results}
     fig, ax = plt.subplots(figsize=(5, 4))

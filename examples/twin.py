@@ -14,6 +14,11 @@ next to an independent-uniform baseline. ε = inf means σ = 0 with the same
 clipping (a non-private fit with the same optimiser), so the gap between inf
 and the finite ε is the cost of the noise alone.
 
+Sampling and accounting: d3p.twin's default, Poisson sampling (every record in
+a step with probability q, padded with a mask) under the add/remove relation;
+``--sampling fixed`` fits on fixed-size batches without replacement instead,
+accounted under the substitute relation (about twice the σ for the same ε).
+
 Data:
 
 * ``breast_cancer`` (default): scikit-learn's Wisconsin breast-cancer data,
@@ -26,13 +31,15 @@ Data:
 
 Writes to ``--output-dir`` (default ``examples/output/``): a table
 (``twin_<data>_results.json``), a plot (``twin_<data>_epsilon.png``), the
-ε = 1 synthetic table (CSV) and its report folder.
+ε = 1 synthetic table (CSV) and its report folder (``<data>`` gets
+``_fixed`` appended with ``--sampling fixed``, ``_quick`` with ``--quick``).
 
 Usage::
 
     python examples/twin.py                 # breast cancer, full settings
     python examples/twin.py --dataset fair
     python examples/twin.py --quick         # CI: fewer steps, ε ∈ {1, inf}
+    python examples/twin.py --sampling fixed   # fixed-size batches (substitute relation)
 """
 
 import argparse
@@ -50,6 +57,7 @@ import pandas as pd  # noqa: E402
 
 import d3p.random  # noqa: E402
 import d3p.twin as twin  # noqa: E402
+from d3p.accounting import accounting_for  # noqa: E402
 
 
 def load_breast_cancer():
@@ -111,6 +119,9 @@ def main(argv=None):
                         help="privacy levels (default 0.5 1 4 inf; --quick: 1 inf)")
     parser.add_argument("--steps", type=int, default=None, help="DP-VI steps (default: d3p.twin's default)")
     parser.add_argument("--components", type=int, default=None, help="mixture components (default: d3p.twin's)")
+    parser.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
+                        help="poisson (default; add/remove relation) or fixed-size batches without "
+                             "replacement (substitute relation)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="few steps and two privacy levels (for CI)")
     parser.add_argument("--output-dir", default=os.path.join("examples", "output"))
@@ -152,14 +163,16 @@ def main(argv=None):
         print(f"\nfitting at epsilon = {eps:g} ...", flush=True)
         t0 = time.monotonic()
         tw = twin.fit(train, eps, delta, rng_key=d3p.random.PRNGKey(args.seed + i), schema=schema,
-                      num_steps=steps, num_components=args.components, progress_bar=True)
+                      num_steps=steps, num_components=args.components, sampling=args.sampling,
+                      progress_bar=True)
         syn = tw.generate(N, args.seed)
         seconds = time.monotonic() - t0
         same = (list(syn.columns) == list(train.columns)
                 and dict(syn.dtypes.astype(str)) == dict(train.dtypes.astype(str)))
         m = twin.utility_metrics(test, syn, schema=schema, target=target, real_train=train, baseline=False)
         p = tw.privacy
-        rows.append({"epsilon": eps, "achieved_epsilon": p["epsilon"], "delta": p["delta"], "sigma": p["sigma"],
+        rows.append({"epsilon": eps, "achieved_epsilon": p["epsilon"], "delta": p["delta"],
+                     "sampling": p["sampling"], "relation": p["relation"], "sigma": p["sigma"],
                      "num_steps": p["num_steps"], "q": p["q"], "components": tw.model_spec["num_components"],
                      "seconds": round(seconds, 1), "same_schema": same,
                      "mean_marginal_tv": m["mean_marginal_tv"],
@@ -167,7 +180,9 @@ def main(argv=None):
                      "train_on_synthetic": m["classification"]["train_on_synthetic"],
                      "train_on_real": m["classification"]["train_on_real"],
                      "majority": m["classification"]["majority"]})
-        print(f"  sigma = {p['sigma']:.3g}, epsilon spent = {p['epsilon']:.4g}, same columns/dtypes: {same}")
+        how = accounting_for(p["sampling"], p["relation"]).describe()  # how the fit was accounted
+        print(f"  sigma = {p['sigma']:.3g}, epsilon spent = {p['epsilon']:.4g} ({how}), "
+              f"same columns/dtypes: {same}")
         if eps == 1.0:
             synthetic_at_1 = (tw, syn)
 
@@ -185,7 +200,7 @@ def main(argv=None):
           f"TRTR: trained on the real training records; majority class: {rows[0]['majority']:.3f}. "
           "epsilon = inf: sigma = 0 with the same clipping.)")
 
-    tag = args.dataset + ("_quick" if args.quick else "")
+    tag = args.dataset + ("_fixed" if args.sampling == "fixed" else "") + ("_quick" if args.quick else "")
     out_json = os.path.join(args.output_dir, f"twin_{tag}_results.json")
     with open(out_json, "w") as f:
         json.dump({"dataset": args.dataset, "delta": delta, "num_train": N, "num_test": len(test),

@@ -13,14 +13,21 @@ No data set is downloaded here. This script does two things:
    The network is the paper's scaled down in proportion to the input
    (784 -> 64 pixels: 400 -> 32 hidden units, 50 -> 4 latent dimensions;
    64-32-(2x4) encoder and 4-32-64 decoder, 4 616 parameters). It is trained
-   with DP-VI (σ = 1.5, B = 128, Adam, fixed-size batches) and non-privately
-   (NumPyro's SVI on the same batch sizes), and the held-out loss (negative
-   ELBO per image) and time per epoch are recorded.
+   with DP-VI (σ = 1.5, Adam) on Poisson-sampled batches (d3p's default:
+   every record in a step with probability q = B/N, expected batch size
+   B = 128, padded to a fixed shape with a mask, normalised by the public
+   q·N; ε under the add/remove relation) and non-privately (NumPyro's SVI
+   on random batches of exactly B records), and the held-out loss (negative
+   ELBO per image) and time per epoch are recorded. ``--sampling fixed``
+   trains DP-VI on batches of exactly B distinct records instead (ε under
+   the substitute relation, with the pair that dominates fixed-size
+   sampling; see :func:`d3p.accounting.accounting_for`).
 2. **Timing on MNIST-shaped generated data** (random binary 784-pixel images,
-   N = 60 000): the paper's exact network, time per step of DP-VI and of
-   non-private SVI at B = 128 (one step of each in turn, so that load from
-   other processes hits both alike; wall-clock and CPU time), and the time
-   per epoch (468 steps) they imply.
+   N = 60 000): the paper's exact network, time per step of DP-VI on
+   Poisson-sampled batches (expected size 128, padded), of DP-VI on
+   fixed-size batches of 128 and of non-private SVI on batches of 128 (one
+   step of each in turn, so that load from other processes hits all alike;
+   wall-clock and CPU time), and the time per epoch (468 steps) they imply.
 
 The networks are plain ``jax.numpy`` functions whose weights are
 ``numpyro.param`` sites: no neural-network library is needed.
@@ -34,6 +41,7 @@ Usage::
     python examples/vae.py               # full
     python examples/vae.py --quick       # CI
     python examples/vae.py --gradient-strategy scan   # time another per-record gradient strategy
+    python examples/vae.py --sampling fixed           # train DP-VI on fixed-size batches
 """
 
 import argparse
@@ -59,7 +67,8 @@ from sklearn.datasets import load_digits  # noqa: E402
 
 import d3p.gradients  # noqa: E402
 import d3p.random  # noqa: E402
-from d3p.minibatch import subsample_batchify_data  # noqa: E402
+from d3p.accounting import accounting_for  # noqa: E402
+from d3p.minibatch import poisson_batchify_data, subsample_batchify_data  # noqa: E402
 from d3p.svi import DPSVI  # noqa: E402
 
 DEFAULT_OUTPUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "output")
@@ -137,24 +146,51 @@ def mnist_shaped(n: int, seed: int = 0) -> np.ndarray:
 # ------------------------------------------------------------------ training
 
 
-def train(svi, train_x, test_x, batch_size, num_epochs, seed, private: bool):
+def batches(data, batch_size: int, poisson: bool):
+    """``(init, get_batch, update_args)`` for random batches of ``data``.
+
+    ``poisson``: d3p's Poisson sampler (every record with probability
+    q = B/N, padded to a fixed shape with a mask; add/remove relation), and
+    ``update_args(batch)`` gives the keywords of ``DPSVI.update``: the mask and
+    the public expected batch size q·N by which the noisy sum is normalised
+    (never the realised count). Otherwise batches of exactly B distinct records
+    (d3p's fixed-size sampler; substitute relation), ``update_args`` empty.
+    Both samplers draw each batch independently from the whole data set.
+    """
+    if poisson:
+        init_batch, get_batch = poisson_batchify_data(data, q=batch_size / len(data))
+        expected = get_batch.sampler.expected_batch_size
+
+        def update_args(batch):
+            xs, mask = batch
+            return (xs,), dict(mask=mask, expected_batch_size=expected)
+    else:
+        init_batch, get_batch = subsample_batchify_data(data, batch_size=batch_size)
+
+        def update_args(batch):
+            return (batch,), {}
+    return init_batch, get_batch, update_args
+
+
+def train(svi, train_x, test_x, batch_size, num_epochs, seed, poisson: bool):
     """Train for ``num_epochs`` epochs of ``N // B`` steps, each on a fresh
-    random batch of B distinct records (d3p's fixed-size sampler, whose
-    accounting is the substitute relation). Returns params, per-epoch held-out
-    loss and seconds."""
-    init_batch, get_batch = subsample_batchify_data(train_x, batch_size=batch_size)
+    random batch (see :func:`batches`; ``poisson`` only for DPSVI). Returns
+    params, per-epoch held-out loss and seconds."""
+    init_batch, get_batch, update_args = batches(train_x, batch_size, poisson)
     steps, batch_state = init_batch(d3p.random.PRNGKey(seed))
     epoch_key = batch_state.rng_key
-    if private:
-        state = svi.init(d3p.random.PRNGKey(seed + 1), get_batch(0, batch_state))
+    first, _ = update_args(get_batch(0, batch_state))
+    if isinstance(svi, DPSVI):
+        state = svi.init(d3p.random.PRNGKey(seed + 1), *first)
     else:
-        state = svi.init(jax.random.PRNGKey(seed + 1), get_batch(0, batch_state))
+        state = svi.init(jax.random.PRNGKey(seed + 1), *first)
     test_x = jnp.asarray(test_x)
 
     @jax.jit
     def epoch(state, batch_state):
         def step(s, i):
-            return svi.update(s, get_batch(i, batch_state))
+            args, kwargs = update_args(get_batch(i, batch_state))
+            return svi.update(s, *args, **kwargs)
 
         return lax.scan(step, state, jnp.arange(steps, dtype=jnp.uint32))
 
@@ -175,15 +211,21 @@ def train(svi, train_x, test_x, batch_size, num_epochs, seed, private: bool):
     return svi.get_params(state), losses, seconds, steps
 
 
-def make_stepper(svi, data, batch_size, private: bool) -> Callable[[int], None]:
-    """A compiled ``svi.update`` on random batches of ``data``: ``step(i)``
-    runs step ``i`` and waits for its result (the first call, compilation,
-    is made here)."""
-    init_batch, get_batch = subsample_batchify_data(data, batch_size=batch_size)
+def make_stepper(svi, data, batch_size, poisson: bool) -> Callable[[int], None]:
+    """A compiled ``svi.update`` on random batches of ``data`` (see
+    :func:`batches`): ``step(i)`` runs step ``i`` and waits for its result
+    (the first call, compilation, is made here)."""
+    init_batch, get_batch, update_args = batches(data, batch_size, poisson)
     _, batch_state = init_batch(d3p.random.PRNGKey(0))
-    key = d3p.random.PRNGKey(1) if private else jax.random.PRNGKey(1)
-    state = [svi.init(key, get_batch(0, batch_state))]
-    update = jax.jit(lambda s, i: svi.update(s, get_batch(i, batch_state)))
+    key = d3p.random.PRNGKey(1) if isinstance(svi, DPSVI) else jax.random.PRNGKey(1)
+    first, _ = update_args(get_batch(0, batch_state))
+    state = [svi.init(key, *first)]
+
+    def update_fn(s, i):
+        args, kwargs = update_args(get_batch(i, batch_state))
+        return svi.update(s, *args, **kwargs)
+
+    update = jax.jit(update_fn)
 
     def step(i: int) -> None:
         state[0], loss = update(state[0], jnp.uint32(i))
@@ -219,7 +261,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR,
                         help="where the PNGs and CSV go (default: examples/output/)")
     parser.add_argument("--epochs", type=int, default=None, help="digits epochs (default 100)")
-    parser.add_argument("--batch-size", type=int, default=128, help="B (default 128, the paper's)")
+    parser.add_argument("--batch-size", type=int, default=128,
+                        help="B (default 128, the paper's): expected batch size (Poisson) "
+                             "or batch size (fixed)")
+    parser.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
+                        help="DP-VI training batches on the digits: poisson (default; add/remove relation) "
+                             "or fixed-size without replacement (substitute relation)")
     parser.add_argument("--sigma", type=float, default=1.5, help="noise multiplier σ (default 1.5, the paper's)")
     parser.add_argument("--clipping-threshold", type=float, default=5.0, help="C (default 5)")
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam step size (default 1e-3)")
@@ -247,17 +294,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     model, guide = make_vae(64, hidden, latent)
     print("VAE on scikit-learn digits (8x8, binarised): "
           f"64-{hidden}-(2x{latent}) encoder, {latent}-{hidden}-64 decoder")
-    print(f"  N={N} training / {len(test_x)} test images, B={B}, {args.epochs} epochs, Adam({args.learning_rate})")
+    print(f"  N={N} training / {len(test_x)} test images, B={B} ({'expected ' if args.sampling == 'poisson' else ''}"
+          f"batch size of DP-VI), {args.epochs} epochs, Adam({args.learning_rate})")
 
     dpsvi = DPSVI(model, guide, numpyro.optim.Adam(args.learning_rate), Trace_ELBO(),
                   clipping_threshold=args.clipping_threshold, dp_scale=args.sigma, N=N, **strategy)
     q = B / N
     delta = 1.0 / N
-    dp_params, dp_losses, dp_secs, steps = train(dpsvi, train_x, test_x, B, args.epochs, args.seed, True)
+    poisson = args.sampling == "poisson"
+    # the accounting of the sampler the training used (one mapping: accounting_for)
+    acc = accounting_for("poisson" if poisson else "fixed_size")
+    dp_params, dp_losses, dp_secs, steps = train(dpsvi, train_x, test_x, B, args.epochs, args.seed, poisson)
     total_steps = steps * args.epochs
-    eps = dpsvi.get_epsilon(delta, q, num_iter=total_steps)
+    eps = dpsvi.get_epsilon(delta, q, num_iter=total_steps, sampler=acc.sampler, relation=acc.relation)
     print(f"  DP-VI (σ={args.sigma}, C={args.clipping_threshold}): {num_params(dp_params)} parameters, "
-          f"{total_steps} steps; ε={eps:.3g} at δ=1/N={delta:.2g} (substitute relation, q={q:.3f})")
+          f"{total_steps} steps; ε={eps:.3g} at δ=1/N={delta:.2g} ({acc.describe()}, q={q:.3f})")
     nsvi = SVI(model, guide, numpyro.optim.Adam(args.learning_rate), Trace_ELBO(), N=N)
     np_params, np_losses, np_secs, _ = train(nsvi, train_x, test_x, B, args.epochs, args.seed, False)
     later = slice(1, None) if args.epochs > 1 else slice(None)  # epoch 1 includes compilation
@@ -280,33 +331,44 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     steppers = {"non-private": make_stepper(big_np, data, Bt, False),
                 "DP-VI": make_stepper(big_dp, data, Bt, True)}
     choice = d3p.gradients.last_choice()
+    steppers["DP-VI fixed-size"] = make_stepper(big_dp, data, Bt, False)
+    padded = poisson_batchify_data(data, q=Bt / len(data))[1].sampler.max_batch_size
     timed = time_interleaved(steppers, args.timing_steps)
     dp_step, np_step = timed["DP-VI"]["wall"], timed["non-private"]["wall"]
+    fx_step = timed["DP-VI fixed-size"]["wall"]
     big_params = num_params(big_np.get_params(big_np.init(
         jax.random.PRNGKey(0), jnp.asarray(data[:Bt]))))
     paper_T = 20 * (60_000 // 128)
-    paper_eps = big_dp.get_epsilon(1 / 60_000, 128 / 60_000, num_iter=paper_T)
-    paper_eps_ar = big_dp.get_epsilon(1 / 60_000, 128 / 60_000, num_iter=paper_T, relation="add_remove")
+    paper_eps_ar = big_dp.get_epsilon(1 / 60_000, 128 / 60_000, num_iter=paper_T, sampler="poisson")
+    paper_eps = big_dp.get_epsilon(1 / 60_000, 128 / 60_000, num_iter=paper_T, sampler="fixed_size")
     if choice is not None:
         print(f"  DPSVI's per-record gradients: {choice.strategy} ({choice.reason})")
+    print(f"  DP-VI: Poisson-sampled batches, expected size {Bt}, padded to {padded} with a mask; "
+          f"DP-VI fixed-size: batches of exactly {Bt}; non-private: batches of exactly {Bt}")
     print(f"  {big_params} parameters; per step: DP-VI {1e3 * dp_step:.1f} ms, non-private {1e3 * np_step:.1f} ms "
           f"(wall-clock medians; median ratio per turn {timed['DP-VI']['ratio']:.1f}); CPU time per step: "
           f"DP-VI {1e3 * timed['DP-VI']['cpu']:.1f} ms, non-private {1e3 * timed['non-private']['cpu']:.1f} ms")
+    fixed = timed["DP-VI fixed-size"]
+    print(f"  DP-VI fixed-size: {1e3 * fx_step:.1f} ms per step (wall-clock median; median ratio per turn "
+          f"{fixed['ratio']:.1f}), CPU time {1e3 * fixed['cpu']:.1f} ms")
     print(f"  per epoch ({steps_per_epoch} steps, from the wall-clock medians): "
-          f"DP-VI {dp_step * steps_per_epoch:.1f} s, non-private {np_step * steps_per_epoch:.1f} s")
+          f"DP-VI {dp_step * steps_per_epoch:.1f} s, DP-VI fixed-size {fx_step * steps_per_epoch:.1f} s, "
+          f"non-private {np_step * steps_per_epoch:.1f} s")
     print(f"  the paper's DP setting (σ=1.5, q=128/60000, {paper_T} steps = 20 epochs, δ=1/60000): "
-          f"ε={paper_eps:.3g} for fixed-size batches (substitute relation), ε={paper_eps_ar:.3g} for "
-          "Poisson sampling (add/remove relation); the paper reports ε ≈ 0.5")
+          f"ε={paper_eps_ar:.3g} for Poisson sampling (add/remove relation), ε={paper_eps:.3g} for "
+          "fixed-size batches (substitute relation); the paper reports ε ≈ 0.5")
 
     # ------------------------------------------------------------ outputs
     csv_path = os.path.join(args.output_dir, "vae_results.csv")
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["data", "method", "epoch", "heldout_loss", "seconds"])
+        # the digits rows' DP-VI used --sampling (default Poisson)
         for name, losses, secs in (("DP-VI", dp_losses, dp_secs), ("non-private", np_losses, np_secs)):
             for e, (l, s) in enumerate(zip(losses, secs)):
                 w.writerow(["digits", name, e + 1, f"{l:.4f}", f"{s:.4f}"])
         w.writerow(["mnist-shaped", "DP-VI", "", "", f"{dp_step * steps_per_epoch:.4f}"])
+        w.writerow(["mnist-shaped", "DP-VI fixed-size", "", "", f"{fx_step * steps_per_epoch:.4f}"])
         w.writerow(["mnist-shaped", "non-private", "", "", f"{np_step * steps_per_epoch:.4f}"])
 
     fig, ax = plt.subplots(figsize=(5, 4))

@@ -28,6 +28,8 @@ from d3p.accounting import (
     relation_for_sampler,
 )
 
+# Under SUBSTITUTE these tests use Poisson sampling (the midpoint pair); the
+# accounting of fixed-size batches is tested in test_accounting_reference.py.
 RELATIONS = [ADD_REMOVE, SUBSTITUTE]
 
 
@@ -58,8 +60,8 @@ PLD_GRID_SLOW = [
 
 
 def _check_against_pld(relation, sigma, q, steps, delta):
-    ours = compute_epsilon(sigma, q, steps, delta, relation=relation)
-    ref = compute_epsilon(sigma, q, steps, delta, relation=relation, accountant="pld")
+    ours = compute_epsilon(sigma, q, steps, delta, sampler="poisson", relation=relation)
+    ref = compute_epsilon(sigma, q, steps, delta, sampler="poisson", relation=relation, accountant="pld")
     assert abs(ours - ref) <= pld_tol(ref), (ours, ref)
     assert ours >= ref - pld_tol(ref)
 
@@ -115,36 +117,36 @@ def test_jax_privacy_known_value():
 @pytest.mark.parametrize("relation", RELATIONS)
 @pytest.mark.parametrize("sigma, q, steps, delta", [(1.0, 0.01, 2000, 1e-5), (0.8, 0.05, 100, 1e-6)])
 def test_rdp_is_upper_bound(relation, sigma, q, steps, delta):
-    f = compute_epsilon(sigma, q, steps, delta, relation=relation)
-    r = compute_epsilon(sigma, q, steps, delta, relation=relation, accountant="rdp")
+    f = compute_epsilon(sigma, q, steps, delta, sampler="poisson", relation=relation)
+    r = compute_epsilon(sigma, q, steps, delta, sampler="poisson", relation=relation, accountant="rdp")
     assert r >= f
     assert r <= 1.5 * f  # and not absurdly loose
 
 
 @pytest.mark.parametrize("relation", RELATIONS)
 def test_epsilon_non_decreasing_in_steps(relation):
-    eps = [compute_epsilon(1.0, 0.01, t, 1e-5, relation=relation) for t in (1, 10, 100, 1000)]
+    eps = [compute_epsilon(1.0, 0.01, t, 1e-5, sampler="poisson", relation=relation) for t in (1, 10, 100, 1000)]
     assert all(a <= b for a, b in zip(eps, eps[1:]))
 
 
 @pytest.mark.parametrize("relation", RELATIONS)
 def test_delta_epsilon_consistent(relation):
-    eps = compute_epsilon(1.0, 0.01, 1000, 1e-5, relation=relation)
-    d = compute_delta(1.0, 0.01, 1000, eps, relation=relation)
+    eps = compute_epsilon(1.0, 0.01, 1000, 1e-5, sampler="poisson", relation=relation)
+    d = compute_delta(1.0, 0.01, 1000, eps, sampler="poisson", relation=relation)
     # δ at the (rounded-up) ε is at most the target, and not far below it
     assert 1e-6 < d <= 1e-5 * (1 + 1e-2)
 
 
 @pytest.mark.parametrize("relation", RELATIONS)
 def test_delta_agrees_with_pld(relation):
-    d = compute_delta(1.0, 0.01, 2000, 2.0, relation=relation)
-    ref = compute_delta(1.0, 0.01, 2000, 2.0, relation=relation, accountant="pld")
+    d = compute_delta(1.0, 0.01, 2000, 2.0, sampler="poisson", relation=relation)
+    ref = compute_delta(1.0, 0.01, 2000, 2.0, sampler="poisson", relation=relation, accountant="pld")
     assert d == pytest.approx(ref, rel=0.05)
 
 
 def test_substitute_exceeds_add_remove():
     a = compute_epsilon(1.0, 0.01, 1000, 1e-5, relation=ADD_REMOVE)
-    s = compute_epsilon(1.0, 0.01, 1000, 1e-5, relation=SUBSTITUTE)
+    s = compute_epsilon(1.0, 0.01, 1000, 1e-5, sampler="poisson", relation=SUBSTITUTE)
     assert s > a
 
 
@@ -156,27 +158,27 @@ def test_substitute_exceeds_add_remove():
 @pytest.mark.parametrize("relation", RELATIONS)
 @pytest.mark.parametrize("accountant", ["fourier", "rdp", "pld"])
 def test_sigma_zero_is_infinite(relation, accountant):
-    assert compute_epsilon(0.0, 0.01, 10, 1e-5, relation=relation, accountant=accountant) == math.inf
+    assert compute_epsilon(0.0, 0.01, 10, 1e-5, sampler="poisson", relation=relation, accountant=accountant) == math.inf
 
 
 @pytest.mark.parametrize("relation", RELATIONS)
 def test_sigma_zero_delta(relation):
-    d = compute_delta(0.0, 0.01, 10, 1.0, relation=relation)
+    d = compute_delta(0.0, 0.01, 10, 1.0, sampler="poisson", relation=relation)
     assert d == pytest.approx(1 - 0.99 ** 10)
-    assert compute_delta(0.0, 1.0, 10, 1.0, relation=relation) == 1.0
+    assert compute_delta(0.0, 1.0, 10, 1.0, sampler="poisson", relation=relation) == 1.0
 
 
 @pytest.mark.parametrize("relation", RELATIONS)
 def test_zero_steps(relation):
-    assert compute_epsilon(1.0, 0.01, 0, 1e-5, relation=relation) == 0.0
-    assert compute_delta(1.0, 0.01, 0, 1.0, relation=relation) == 0.0
+    assert compute_epsilon(1.0, 0.01, 0, 1e-5, sampler="poisson", relation=relation) == 0.0
+    assert compute_delta(1.0, 0.01, 0, 1.0, sampler="poisson", relation=relation) == 0.0
 
 
 @pytest.mark.parametrize("relation, sensitivity", [(ADD_REMOVE, 1.0), (SUBSTITUTE, 2.0)])
 def test_q_one_is_gaussian_mechanism(relation, sensitivity):
     # q = 1: T-fold Gaussian mechanism = one Gaussian with μ = Δ sqrt(T) / σ
     sigma, steps, delta = 2.0, 16, 1e-5
-    eps = compute_epsilon(sigma, 1.0, steps, delta, relation=relation)
+    eps = compute_epsilon(sigma, 1.0, steps, delta, sampler="poisson", relation=relation)
     mu = sensitivity * math.sqrt(steps) / sigma
     from scipy.stats import norm
     d = norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * norm.cdf(-mu / 2 - eps / mu)
@@ -188,12 +190,12 @@ def test_q_one_is_gaussian_mechanism(relation, sensitivity):
 
 @pytest.mark.parametrize("relation", RELATIONS)
 def test_single_step(relation):
-    eps = compute_epsilon(0.9, 0.02, 1, 1e-5, relation=relation)
+    eps = compute_epsilon(0.9, 0.02, 1, 1e-5, sampler="poisson", relation=relation)
     assert 0 < eps < 2
 
 
 def test_tiny_q_does_not_fail():
-    eps = compute_epsilon(1.0, 1e-6, 1, 1e-10, relation=SUBSTITUTE)
+    eps = compute_epsilon(1.0, 1e-6, 1, 1e-10, sampler="poisson", relation=SUBSTITUTE)
     assert 0 <= eps < 1
     eps = compute_epsilon(0.5, 1e-6, 1, 1e-10, relation=ADD_REMOVE)
     assert 0 <= eps < 20
@@ -210,19 +212,19 @@ def test_infinite_sigma_is_zero():
 
 @pytest.mark.parametrize("relation", RELATIONS)
 def test_phases_of_same_setting_equal_one_phase(relation):
-    one = compute_epsilon(1.5, 0.01, 1000, 1e-5, relation=relation)
-    two = compose_epsilon([(1.5, 0.01, 400), Phase(1.5, 0.01, 600)], 1e-5, relation=relation)
+    one = compute_epsilon(1.5, 0.01, 1000, 1e-5, sampler="poisson", relation=relation)
+    two = compose_epsilon([(1.5, 0.01, 400), Phase(1.5, 0.01, 600)], 1e-5, sampler="poisson", relation=relation)
     assert two == pytest.approx(one, rel=2e-3)
 
 
 @pytest.mark.parametrize("relation", RELATIONS)
 def test_heterogeneous_phases_against_pld(relation):
     phases = [(2.0, 0.01, 1000), (1.0, 0.02, 200), (4.0, 1.0, 5)]
-    ours = compose_epsilon(phases, 1e-5, relation=relation)
-    ref = compose_epsilon(phases, 1e-5, relation=relation, accountant="pld")
+    ours = compose_epsilon(phases, 1e-5, sampler="poisson", relation=relation)
+    ref = compose_epsilon(phases, 1e-5, sampler="poisson", relation=relation, accountant="pld")
     assert abs(ours - ref) <= pld_tol(ref)
     # more steps never cost less
-    assert ours >= compute_epsilon(2.0, 0.01, 1000, 1e-5, relation=relation)
+    assert ours >= compute_epsilon(2.0, 0.01, 1000, 1e-5, sampler="poisson", relation=relation)
 
 
 def test_phase_with_sigma_zero_is_infinite():
@@ -243,14 +245,14 @@ def test_compose_delta():
 
 @pytest.mark.parametrize("relation", RELATIONS)
 def test_tracker_is_upper_bound_and_monotone(relation):
-    tr = EpsilonTracker(1.5, 0.01, 1e-5, relation=relation, num_steps=500, growth=1.5)
+    tr = EpsilonTracker(1.5, 0.01, 1e-5, sampler="poisson", relation=relation, num_steps=500, growth=1.5)
     values = [tr.epsilon(t) for t in range(0, 501, 25)]
     assert values[0] == 0.0
     assert all(a <= b for a, b in zip(values, values[1:]))
     for t in (7, 130, 333):
-        assert tr.epsilon(t) >= compute_epsilon(1.5, 0.01, t, 1e-5, relation=relation)
+        assert tr.epsilon(t) >= compute_epsilon(1.5, 0.01, t, 1e-5, sampler="poisson", relation=relation)
     assert tr.epsilon(500) == tr.total_epsilon
-    assert tr.total_epsilon == pytest.approx(compute_epsilon(1.5, 0.01, 500, 1e-5, relation=relation))
+    assert tr.total_epsilon == pytest.approx(compute_epsilon(1.5, 0.01, 500, 1e-5, sampler="poisson", relation=relation))
     # cached: a handful of grid points for 500 steps
     assert len(tr._cache) <= 20
 
@@ -265,7 +267,7 @@ def test_tracker_beyond_plan_and_without_plan():
 
 
 def test_tracker_sigma_zero():
-    tr = EpsilonTracker(0.0, 0.01, 1e-5, relation=SUBSTITUTE, num_steps=10)
+    tr = EpsilonTracker(0.0, 0.01, 1e-5, sampler="poisson", relation=SUBSTITUTE, num_steps=10)
     assert tr.epsilon(0) == 0.0
     assert tr.epsilon(1) == math.inf
 
@@ -322,8 +324,12 @@ def test_validation_of_keywords():
         compute_epsilon(1.0, 0.01, 10, 1e-5, relation=ADD_REMOVE, accountant="moments")
     with pytest.raises(ValueError, match="epsilon=-1"):
         compute_delta(1.0, 0.01, 10, -1, relation=ADD_REMOVE)
-    with pytest.raises(TypeError):
-        compute_epsilon(1.0, 0.01, 10, 1e-5)  # relation is required
+    # neither sampler nor relation: Poisson sampling under add/remove, d3p's default
+    assert compute_epsilon(1.0, 0.01, 10, 1e-5) == compute_epsilon(1.0, 0.01, 10, 1e-5, relation=ADD_REMOVE)
+    with pytest.raises(ValueError, match="sampler='fixed_size'"):
+        compute_epsilon(1.0, 0.01, 10, 1e-5, relation=ADD_REMOVE, sampler="fixed_size")
+    with pytest.raises(ValueError, match="sampler='replacement'"):
+        compute_delta(1.0, 0.01, 10, 1.0, sampler="replacement")
     with pytest.raises(ValueError, match=r"phases\[1\]"):
         compose_epsilon([(1.0, 0.1, 10), (1.0, 0.1)], 1e-5, relation=ADD_REMOVE)
 
@@ -358,14 +364,14 @@ def test_package_agrees_with_certified_substitute(sigma, q, steps, delta):
 
 def test_package_disagreement_falls_back_to_rdp(monkeypatch):
     ph = [Phase(1.0, 0.01, 2000)]
-    tight = compute_epsilon(1.0, 0.01, 2000, 1e-5, relation=SUBSTITUTE)
-    tight_delta = compute_delta(1.0, 0.01, 2000, tight, relation=SUBSTITUTE)
+    tight = compute_epsilon(1.0, 0.01, 2000, 1e-5, sampler="poisson", relation=SUBSTITUTE)
+    tight_delta = compute_delta(1.0, 0.01, 2000, tight, sampler="poisson", relation=SUBSTITUTE)
     # the package reports a δ 5% above the target at the certified ε
     monkeypatch.setattr(accounting, "_package_delta", lambda rel, phases, eps, nx, L: 1.05e-5)
     eps, _, engine, _ = accounting._epsilon_impl(SUBSTITUTE, ph, 1e-5, "fourier")
     assert engine == "rdp"
     assert eps == pytest.approx(accounting._rdp_epsilon(SUBSTITUTE, ph, 1e-5)) and eps > 1.02 * tight
-    assert compute_delta(1.0, 0.01, 2000, tight, relation=SUBSTITUTE) > 1.5 * tight_delta
+    assert compute_delta(1.0, 0.01, 2000, tight, sampler="poisson", relation=SUBSTITUTE) > 1.5 * tight_delta
     # the calibration does not return a σ certified only by the disputed value
     sigma, eps_s, _ = approximate_sigma(1.0, 1e-5, 0.01, 2000)
     assert eps_s <= 1.0
@@ -374,7 +380,7 @@ def test_package_disagreement_falls_back_to_rdp(monkeypatch):
     # probability) is no objection
     for value in (None, 1e200):
         monkeypatch.setattr(accounting, "_package_delta", lambda rel, phases, eps, nx, L: value)
-        assert compute_epsilon(1.0, 0.01, 2000, 1e-5, relation=SUBSTITUTE) == tight
+        assert compute_epsilon(1.0, 0.01, 2000, 1e-5, sampler="poisson", relation=SUBSTITUTE) == tight
     # a disagreement on the certifying grid that a finer grid resolves is none
     grids = []
 
@@ -383,7 +389,7 @@ def test_package_disagreement_falls_back_to_rdp(monkeypatch):
         return 2e-5 if len(grids) == 1 else 0.99e-5
 
     monkeypatch.setattr(accounting, "_package_delta", coarse_only)
-    assert compute_epsilon(1.0, 0.01, 2000, 1e-5, relation=SUBSTITUTE) == tight
+    assert compute_epsilon(1.0, 0.01, 2000, 1e-5, sampler="poisson", relation=SUBSTITUTE) == tight
     assert len(grids) == 2 and grids[1] == 4 * grids[0]
 
 
@@ -392,7 +398,7 @@ def test_package_check_small_sigma_large_epsilon():
     # finer grid than the certifying one (its δ there is 3.6 times the target)
     eps, _, engine, _ = accounting._epsilon_impl(SUBSTITUTE, [Phase(0.45, 0.02, 300)], 1e-5, "fourier")
     assert engine == "exact"
-    assert eps == pytest.approx(compute_epsilon(0.45, 0.02, 300, 1e-5, relation=SUBSTITUTE, accountant="pld"),
+    assert eps == pytest.approx(compute_epsilon(0.45, 0.02, 300, 1e-5, sampler="poisson", relation=SUBSTITUTE, accountant="pld"),
                                 abs=pld_tol(eps))
 
 

@@ -302,6 +302,17 @@ def test_correct_dpsvi_respects_the_accountant():
     assert not res.violation
 
 
+def test_correct_dpsvi_with_fixed_size_batches_respects_the_accountant():
+    """The extreme substitute pair with the package's fixed-size sampler (B = 1 of N = 2)."""
+    res = audit.audit_dpsvi(d3p.random.PRNGKey(23), 20_000, delta=DELTA, sampling="fixed", **DPSVI_SETTING)
+    assert res.setting["relation"] == "substitute" and res.setting["sampling"] == "fixed"
+    assert res.epsilon_accountant == pytest.approx(
+        accounting.compute_epsilon(2.0, 0.5, 4, DELTA, sampler="fixed_size")
+    )
+    assert res.epsilon_lower <= res.epsilon_accountant, res.summary()
+    assert res.epsilon_lower >= 0.3 * res.epsilon_accountant, res.summary()  # power
+
+
 def test_dpsvi_with_noise_from_the_realised_batch_size_is_detected(monkeypatch):
     """Noise std divided by the realised number of records (the sum is not):
     under Poisson sampling the noise then shrinks with the batch and depends on
@@ -384,3 +395,17 @@ def test_correct_gaussian_step_is_audited_tightly_slow():
     """With 4 x 10^6 runs the bound comes within 15% of the exact ε at δ = 1e-3."""
     res = audit.audit_gaussian_step(d3p.random.PRNGKey(34), 4_000_000, dp_scale=1.0, delta=1e-3)
     assert 0.85 * res.epsilon_accountant <= res.epsilon_lower <= res.epsilon_accountant, res.summary()
+
+
+@pytest.mark.slow
+def test_fixed_size_audit_catches_the_midpoint_accounting_slow():
+    """σ = 0.822 is what the midpoint (Poisson-substitute) pair calibrates for
+    ε = 4 at q = 0.01, T = 1000; the real DPSVI step with fixed-size batches
+    (B = 1 of N = 100) on the extreme substitute pair proves ε > 4, and stays
+    below the ε of the pair d3p accounts fixed-size batches with."""
+    res = audit.audit_dpsvi(d3p.random.PRNGKey(7), 5_000, dp_scale=0.822, q=0.01, num_steps=1000,
+                            delta=DELTA, sampling="fixed")
+    midpoint_claim = accounting.compute_epsilon(0.822, 0.01, 1000, DELTA, sampler="poisson", relation="substitute")
+    assert midpoint_claim == pytest.approx(4.0, abs=0.01)
+    assert res.epsilon_lower > 4.5, res.summary()
+    assert not res.violation, res.summary()

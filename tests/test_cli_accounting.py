@@ -17,7 +17,7 @@ def _value(name, text):
     return float(m.group(1))
 
 
-@pytest.mark.parametrize("relation, expected", [("add-remove", ADD_REMOVE), ("substitute", SUBSTITUTE), (None, SUBSTITUTE)])
+@pytest.mark.parametrize("relation, expected", [("add-remove", ADD_REMOVE), ("substitute", SUBSTITUTE), (None, ADD_REMOVE)])
 def test_sigma_one_liner(capsys, relation, expected):
     argv = ["sigma", "--epsilon", "1", "--delta", "1e-5", "--q", "0.01", "--steps", "2000"]
     if relation:
@@ -103,3 +103,24 @@ def test_subprocess_module_entry_point():
     assert bad.returncode == 2
     assert "--q" in bad.stderr and "1.5" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_fixed_size_sampling_uses_the_dominating_pair(capsys):
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import pld_privacy_accountant
+
+    ref = pld_privacy_accountant.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    ref.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(0.822 / 2)), 1000)
+    eps_ref = ref.get_epsilon(1e-5)
+    base = ["epsilon", "--sigma", "0.822", "--q", "0.01", "--steps", "1000", "--delta", "1e-5"]
+    for extra in (["--sampling", "fixed"], ["--relation", "substitute"]):
+        assert main(base + extra) == 0
+        out = capsys.readouterr().out
+        assert "fixed-size" in out
+        assert _value("epsilon", out) == pytest.approx(eps_ref, rel=1e-3)
+    assert main(base + ["--sampling", "poisson", "--relation", "substitute"]) == 0
+    assert _value("epsilon", capsys.readouterr().out) < 4.01   # the midpoint pair, valid for Poisson only
+    with pytest.raises(SystemExit) as e:
+        main(base + ["--sampling", "fixed", "--relation", "add-remove"])
+    assert e.value.code == 2
+    assert "sampler='fixed_size'" in capsys.readouterr().err

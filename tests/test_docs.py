@@ -29,6 +29,8 @@ PUBLIC_MODULES = [
     "d3p.modelling",
     "d3p.util",
     "d3p.audit",
+    "d3p.gmm",
+    "d3p.optimizers",
     "d3p.twin",
 ]
 

@@ -45,10 +45,14 @@ def test_total_norm_does_not_overflow_for_large_finite_values():
     ],
 )
 def test_clip_gradient_hand_checked(grad, C, expected):
+    """Equal to the hand-computed values up to the few units of roundoff by
+    which a clipped gradient stays below C (never above)."""
     grad = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), grad)
     clipped, _ = clip_gradient(grad, C)
     for k in expected:
-        np.testing.assert_allclose(clipped[k], expected[k], rtol=1e-6, atol=0)
+        np.testing.assert_allclose(clipped[k], expected[k], rtol=5e-6, atol=0)
+        got, want = np.asarray(clipped[k], np.float64), np.asarray(expected[k], np.float64)
+        assert np.all(np.abs(got) <= np.abs(want))
 
 
 def test_clipped_norm_never_exceeds_threshold_at_any_scale():
@@ -60,8 +64,8 @@ def test_clipped_norm_never_exceeds_threshold_at_any_scale():
                 "b": jnp.asarray(rng.normal(size=(3,)) * scale, jnp.float32),
             }
             clipped, norm = clip_gradient(grad, C)
-            assert float(total_norm(clipped)) <= C * (1 + 2e-6)
-            if float(norm) <= C:
+            assert np.linalg.norm(_flat(clipped).astype(np.float64)) <= C
+            if float(norm) * (1 + 2e-6) <= C:
                 np.testing.assert_array_equal(clipped["w"], grad["w"])
 
 

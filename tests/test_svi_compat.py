@@ -332,7 +332,7 @@ def _sampler(sampling):
 
 
 def _run_kwargs(sampling):
-    return dict(batch_size=B_SMALL) if sampling == "fixed" else dict(q=Q_SMALL, sampling="poisson")
+    return dict(batch_size=B_SMALL, sampling="fixed") if sampling == "fixed" else dict(q=Q_SMALL, sampling="poisson")
 
 
 @functools.partial(jax.jit, static_argnums=0)

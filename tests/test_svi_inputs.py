@@ -5,8 +5,12 @@
   that says why;
 - optimizers that use the (non-private) loss value are refused;
 - bad arguments raise ValueError/TypeError naming the argument;
-- the caller's data is never modified.
+- the caller's data is never modified;
+- every data argument is per-record: lists, tuples of numbers and pandas
+  objects are columns (rows = records), scalars are refused naming the
+  argument and pointing to the constructor.
 
+The public normalisation (the model's scale) is in ``test_svi_scale.py``.
 Compatibility with NumPyro's SVI is in ``test_svi_compat.py``.
 """
 
@@ -192,11 +196,13 @@ def test_infinite_threshold_only_without_noise():
         (dict(batch_size=None, sampling="poisson", q=1.5), r"q.*1\.5"),
         (dict(batch_size=None), r"batch_size.*q"),  # neither
         (dict(batch_size=5, q=0.1), r"batch_size.*q"),  # both
-        (dict(batch_size=5, sampling="poisson"), r"q.*batch_size"),
+        (dict(batch_size=5, q=0.1, sampling="poisson"), r"batch_size.*q"),  # both
+        (dict(sampling="fixed", relation="add_remove"), r"relation='substitute'"),
+        (dict(relation="swap"), r"relation.*'swap'"),
         (dict(sampling="fixed_size"), r"sampling.*'fixed_size'"),
         (dict(sampling="Poisson"), r"sampling.*'Poisson'"),
         (dict(batch_size=None, sampling="poisson", q=0.1, max_batch_size=0), r"max_batch_size.*0"),
-        (dict(max_batch_size=10), r"max_batch_size"),  # only for Poisson sampling
+        (dict(max_batch_size=10, sampling="fixed"), r"max_batch_size"),  # only for Poisson sampling
         (dict(target_delta=0.0), r"delta.*0\.0"),
         (dict(target_delta=1.5), r"delta.*1\.5"),
         (dict(accountant="moments"), r"accountant.*'moments'"),
@@ -332,3 +338,200 @@ def test_input_data_not_modified_by_init_update_evaluate():
     for array, original, flag in zip((xs, ys, mask), originals, flags):
         np.testing.assert_array_equal(array, original)
         assert array.dtype == original.dtype and array.flags.writeable == flag
+
+
+# ---------------------------------------------------------------------------
+# 9. every data argument is per-record: lists, tuples and pandas objects are
+#    columns (rows = records), scalars are refused naming the argument
+
+
+def response_model(xs, ys, N):
+    # the model converts its response itself, as models written for lists do
+    ys = jnp.asarray(ys)
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1.0), obs=xs)
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=ys)
+
+
+# the data tests below use the fast debug suite: the suite only draws the noise
+# and the batches, which these tests do not examine
+debug_suite = pytest.mark.filterwarnings("ignore::d3p.random.debug.DebugRNGWarning")
+
+
+def _fast_svi(model, **kwargs):
+    return _svi(model, rng_suite=d3p.random.debug, **kwargs)
+
+
+def _one_step_run(svi, xs, ys, batch_size):
+    result = svi.run(d3p.random.debug.PRNGKey(3), 1, xs, ys, batch_size=batch_size, sampling="fixed",
+                     progress_bar=False)
+    return np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(result.params)])
+
+
+@debug_suite
+def test_list_response_in_run_is_per_record():
+    """sigma = 0, C = 1: a response given as a Python list is one value per
+    record. Changing one record's response changes a one-step run only if that
+    record is in the step's batch: at most B of the n records can, and the run
+    equals the run on the same column as an array. (Were the list shared by all
+    records, every record's loss would see the whole column and every change
+    would move the step by up to 2 B C.)"""
+    n, B = 4, 1
+    svi = _fast_svi(response_model, optim=numpyro.optim.SGD(1.0), dp_scale=0.0, N=n)
+    xs = _xs(n, seed=3)
+    ys = [float(v) for v in _xs(n, seed=4)]
+    base = _one_step_run(svi, xs, ys, B)
+    np.testing.assert_array_equal(base, _one_step_run(svi, xs, np.asarray(ys, np.float32), B))
+    moved = []
+    for j in range(n):
+        changed = list(ys)
+        changed[j] = 1e3
+        moved.append(not np.array_equal(_one_step_run(svi, xs, changed, B), base))
+    assert 1 <= sum(moved) <= B, moved
+
+
+@debug_suite
+@pytest.mark.parametrize("kind", ["list", "tuple", "nested list"])
+def test_lists_and_tuples_are_columns(kind):
+    """update, evaluate and init treat a list or tuple of numbers as the array
+    np.asarray makes of it, rows as records; the caller's list is untouched."""
+    xs, ys = _xs(5, seed=5), _xs(5, seed=6)
+    if kind == "list":
+        ys_in = [float(v) for v in ys]
+    elif kind == "tuple":
+        ys_in = tuple(float(v) for v in ys)
+    else:  # a (5, 1) table as nested lists, passed to a model that flattens it
+        ys_in = [[float(v)] for v in ys]
+    original = list(ys_in)
+    model = two_column_model if kind != "nested list" else _flattening_model
+    svi = _fast_svi(model, dp_scale=2.0)
+    as_array = np.asarray(ys_in, np.float32)
+    key = d3p.random.debug.PRNGKey(0)
+    state = svi.init(key, xs, ys_in)
+    ref_state = svi.init(key, xs, as_array)
+    assert _same(state, ref_state)
+    assert _same(svi.update(state, xs, ys_in), svi.update(state, xs, as_array))
+    assert _same(svi.evaluate(state, xs, ys=ys_in), svi.evaluate(state, xs, ys=as_array))
+    assert list(ys_in) == original
+
+
+def _flattening_model(xs, ys, N):
+    two_column_model(xs, jnp.reshape(ys, (-1,)), N)
+
+
+def _same(a, b):
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+def regression_model(xs, ys, N):
+    w = numpyro.sample("w", dist.Normal(0.0, 10.0).expand([xs.shape[1]]).to_event(1))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("y", dist.Normal(xs @ w, 1.0), obs=ys)
+
+
+@debug_suite
+def test_pandas_data_are_per_record():
+    """A DataFrame (rows = records) and a Series give the same steps as their
+    arrays, in update, evaluate and run; the frame is not modified."""
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(7)
+    frame = pd.DataFrame({"a": rng.normal(size=N), "b": rng.integers(0, 3, size=N)})
+    series = pd.Series(rng.normal(size=N), name="y")
+    frame_copy, series_copy = frame.copy(), series.copy()
+    xs, ys = frame.to_numpy(np.float32), series.to_numpy(np.float32)
+    svi = _fast_svi(regression_model, dp_scale=2.0)
+    key = d3p.random.debug.PRNGKey(0)
+    state = svi.init(key, frame[:5], series[:5])
+    assert _same(state, svi.init(key, xs[:5], ys[:5]))
+    assert _same(svi.update(state, frame[:5], ys=series[:5]), svi.update(state, xs[:5], ys=ys[:5]))
+    assert _same(svi.evaluate(state, frame[:5], series[:5]), svi.evaluate(state, xs[:5], ys[:5]))
+    kwargs = dict(batch_size=5, sampling="fixed", progress_bar=False)
+    got = svi.run(key, 3, frame, series, **kwargs)
+    ref = svi.run(key, 3, xs, ys, **kwargs)
+    assert _same(got.params, ref.params)
+    pd.testing.assert_frame_equal(frame, frame_copy)
+    pd.testing.assert_series_equal(series, series_copy)
+
+
+def test_non_numeric_data_refused():
+    pd = pytest.importorskip("pandas")
+    svi = _svi(regression_model)
+    frame = pd.DataFrame({"a": np.arange(5.0), "city": ["x", "y", "z", "x", "y"]})
+    with pytest.raises(TypeError, match=r"args\[0\].*dtype object"):
+        svi.init(d3p.random.PRNGKey(0), frame, _xs(5))
+    with pytest.raises(TypeError, match=r"'ys'.*dtype <U"):
+        svi.init(d3p.random.PRNGKey(0), np.ones((5, 2)), ys=["a", "b", "c", "d", "e"])
+
+
+SCALARS = [
+    pytest.param(3.0, id="float"),
+    pytest.param(2, id="int"),
+    pytest.param(np.float32(1.5), id="numpy scalar"),
+    pytest.param(jnp.asarray(1.0), id="0-d jax array"),
+    pytest.param(np.asarray(1.0), id="0-d numpy array"),
+]
+
+
+@pytest.fixture(scope="module")
+def two_column():
+    svi = _svi(two_column_model)
+    return svi, svi.init(d3p.random.PRNGKey(0), _xs()[:5], _xs()[:5])
+
+
+@pytest.mark.parametrize("value", SCALARS)
+def test_scalar_data_refused_naming_the_argument(two_column, value):
+    """A value shared by all records among the data (here the response, which
+    the model would broadcast to every record): refused everywhere, the message
+    naming it and the constructor as its place."""
+    svi, state = two_column
+    pattern = r"(?s)args\[1\].*DPSVI constructor"
+    key = d3p.random.PRNGKey(0)
+    cases = [
+        lambda: svi.init(key, _xs()[:5], value),
+        lambda: svi.update(state, _xs()[:5], value),
+        lambda: svi.stable_update(state, _xs()[:5], value),
+        lambda: svi.evaluate(state, _xs()[:5], value),
+        lambda: svi.run(key, 2, _xs(), value, batch_size=5, sampling="fixed", progress_bar=False),
+    ]
+    for call in cases:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+
+
+def test_scalar_keyword_and_nested_data_refused(two_column):
+    svi, state = two_column
+    xs = _xs()[:5]
+    with pytest.raises(ValueError, match=r"(?s)'ys'.*scalar.*DPSVI constructor"):
+        svi.update(state, xs, ys=0.5)
+    with pytest.raises(ValueError, match=r"(?s)'N'.*scalar.*DPSVI constructor"):
+        no_n = DPSVI(two_column_model, AutoDelta(two_column_model), numpyro.optim.Adam(0.1),
+                     Trace_ELBO(), clipping_threshold=1.0, dp_scale=1.0)
+        no_n.init(d3p.random.PRNGKey(0), xs, xs, N=50)  # N belongs to the constructor
+    with pytest.raises(ValueError, match=r"(?s)args\[0\].*scalar.*DPSVI constructor"):
+        svi.update(state, 1.0, 2.0)  # two scalars: not one column of two records
+    with pytest.raises(ValueError, match=r"(?s)args\[1\]\['w'\].*DPSVI constructor"):
+        svi.update(state, xs, {"v": xs, "w": 0.5})
+    with pytest.raises(TypeError, match=r"(?s)args\[1\].*str.*DPSVI constructor"):
+        svi.update(state, xs, "group A")
+    with pytest.raises(TypeError, match=r"(?s)'ys'.*object.*DPSVI constructor"):
+        svi.evaluate(state, xs, ys=object())
+
+
+def test_mismatched_list_and_frame_lengths_refused_naming_both():
+    """A list, series or tuple of the wrong length is refused like an array of
+    the wrong length, the message naming both arguments (taken as shared, it
+    would be broadcast to every record instead)."""
+    pd = pytest.importorskip("pandas")
+    svi = _svi(response_model)
+    with pytest.raises(ValueError, match=r"(?s)args\[1\].*leading dimension 49.*args\[0\].*50"):
+        svi.run(d3p.random.PRNGKey(0), 2, _xs(), [float(v) for v in _xs()[:-1]], batch_size=5,
+                sampling="fixed", progress_bar=False)
+    state = svi.init(d3p.random.PRNGKey(0), _xs()[:5], _xs()[:5])
+    with pytest.raises(ValueError, match=r"(?s)'ys'.*leading dimension 4.*args\[0\].*5"):
+        svi.update(state, _xs()[:5], ys=pd.Series(_xs()[:4]))
+    with pytest.raises(ValueError, match=r"(?s)args\[1\].*leading dimension 3.*args\[0\].*5"):
+        svi.evaluate(state, _xs()[:5], (1.0, 2.0, 3.0))

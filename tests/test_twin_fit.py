@@ -229,24 +229,34 @@ def test_only_dpsvi_reads_the_private_values(stub_run, tmp_path):
 
 @pytest.mark.parametrize("sampling", ["poisson", "fixed"])
 def test_sampler_and_accountant_match(stub_run, monkeypatch, sampling):
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import pld_privacy_accountant
+
     seen = []
-    for name in ("approximate_sigma", "approximate_sigma_remove_relation"):
-        real = getattr(dputil, name)
-        monkeypatch.setattr(dputil, name, lambda *a, _n=name, _r=real, **k: (seen.append((_n, a)), _r(*a, **k))[1])
+    real = dputil.calibrate_sigma
+    monkeypatch.setattr(dputil, "calibrate_sigma", lambda *a, **k: (seen.append((a, k)), real(*a, **k))[1])
     df = small_frame()
     tw = twin.fit(df, 1.5, 1e-5, rng_key=7, schema=explicit_schema(), num_steps=20, q=0.1,
                   sampling=sampling, progress_bar=False)
-    (name, (eps, delta, q, T)), = seen
+    ((eps, delta, q, T), kw), = seen
     call = stub_run[0]
+    sigma = call.svi.dp_scale
     if sampling == "poisson":
-        assert name == "approximate_sigma_remove_relation" and call.sampling == "poisson"
+        assert (kw["sampler"], kw["relation"]) == ("poisson", "add_remove") and call.sampling == "poisson"
         assert tw.privacy["relation"] == "add_remove" and q == 0.1 == call.q
+        event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
     else:
         B = minibatch.q_to_batch_size(0.1, len(df))
-        assert name == "approximate_sigma" and call.sampling == "fixed" and call.batch_size == B
+        assert (kw["sampler"], kw["relation"]) == ("fixed_size", "substitute") and call.sampling == "fixed"
+        assert call.batch_size == B
         assert tw.privacy["relation"] == "substitute" and q == B / len(df)
+        # fixed-size batches: the add/remove pair at σ/2 (dp-accounting, called directly)
+        event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma / 2))
+    ref = pld_privacy_accountant.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    ref.compose(event, T)
+    assert ref.get_epsilon(delta) <= 1.5 * (1 + 1e-3)
     assert (eps, T) == (1.5, 20) and delta <= 1e-5
-    assert call.svi.dp_scale == tw.privacy["sigma"] > 0
+    assert sigma == tw.privacy["sigma"] > 0
     assert tw.privacy["epsilon"] <= 1.5
 
 

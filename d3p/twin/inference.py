@@ -24,7 +24,7 @@ from numpyro.infer import Predictive, Trace_ELBO
 from numpyro.infer.autoguide import AutoDiagonalNormal, AutoGuide
 
 import d3p.random
-from d3p import dputil, minibatch
+from d3p import accounting, minibatch
 from d3p.svi import DPSVI
 from d3p.twin._io import atomic_directory
 from d3p.twin.model import DEFAULT_CONTINUOUS_GAIN, MixtureGuide, MixtureModel, guide_sample_numpy, mixture_sample_numpy
@@ -388,10 +388,10 @@ def fit(
     Steps: (1) complete the schema (:func:`infer_schema`: what it reads from
     the data is warned about and recorded in ``privacy["not_covered"]``);
     (2) encode the table (:meth:`Schema.encode`, a per-record map);
-    (3) calibrate the noise multiplier σ for (ε, δ, q, T) with the accountant
-    that matches the sampler (Poisson sampling:
-    :func:`d3p.dputil.approximate_sigma_remove_relation`, add/remove relation;
-    fixed-size sampling: :func:`d3p.dputil.approximate_sigma`, substitute);
+    (3) calibrate the noise multiplier σ for (ε, δ, q, T) with the accounting
+    of the sampler (:func:`d3p.accounting.accounting_for`: Poisson sampling,
+    the default, under add/remove; fixed-size sampling under substitute, with
+    the pair that dominates it);
     (4) initialise model and guide on public placeholder records;
     (5) run :meth:`d3p.svi.DPSVI.run` with that σ and sampler for T steps.
 
@@ -476,19 +476,16 @@ def fit(
         raise ValueError(f"Expected num_steps to be an integer >= 1, got num_steps={num_steps!r}.")
     num_steps = int(num_steps)
 
-    # the sampler and its matching accountant
+    # the sampler and its accounting (the one mapping, d3p.accounting.accounting_for)
     if sampling == "poisson":
         sampler = minibatch.PoissonSampler(N, q)
-        calibrate = dputil.approximate_sigma_remove_relation
         run_kw = {"q": q, "sampling": "poisson"}
-        overflow = (minibatch.poisson_overflow_delta(N, q, sampler.max_batch_size, num_steps, epsilon)
-                    if math.isfinite(epsilon) else 0.0)
     else:
         batch_size = minibatch.q_to_batch_size(q, N)
         sampler = minibatch.FixedSizeSampler(N, batch_size)
-        calibrate = dputil.approximate_sigma
         run_kw = {"batch_size": batch_size, "sampling": "fixed"}
-        overflow = 0.0
+    acc = accounting.accounting_for(sampler.name)
+    overflow = acc.overflow_delta(N, sampler.q, sampler.max_batch_size, num_steps, epsilon)
     q_used = float(sampler.q)
     delta_run = delta - overflow
     if not delta_run > 0.5 * delta:
@@ -501,7 +498,7 @@ def fit(
     if math.isinf(epsilon):
         sigma = 0.0
     else:
-        sigma, _, _ = calibrate(epsilon, delta_run, q_used, num_steps, accountant=accountant)
+        sigma, _, _ = acc.calibrate(epsilon, delta_run, q_used, num_steps, accountant=accountant)
 
     # model and guide
     if model is None:
@@ -536,10 +533,10 @@ def fit(
         state = svi.init(init_key, x0)
     result = svi.run(run_key, num_steps, jnp.asarray(x), target_delta=delta_run, accountant=accountant,
                      progress_bar=progress_bar, init_state=state, **run_kw)
-    if result.relation != sampler.relation or result.sigma != float(sigma):
+    if result.relation != acc.relation or result.sigma != float(sigma):
         raise RuntimeError(  # pragma: no cover - a consistency check
             f"Internal error: the run used relation={result.relation}, sigma={result.sigma}; "
-            f"expected {sampler.relation}, {sigma}."
+            f"expected {acc.relation}, {sigma}."
         )
     eps_run = float(result.epsilon)
     if eps_run > epsilon * (1 + 1e-9):
@@ -553,7 +550,7 @@ def fit(
         "delta_poisson_overflow": overflow,
         "sigma": float(sigma),
         "clipping_threshold": float(clipping_threshold),
-        "relation": sampler.relation,
+        "relation": acc.relation,
         "sampling": sampling,
         "q": q_used,
         "num_steps": num_steps,

@@ -6,7 +6,8 @@ categories of a categorical column, the bounds of a numeric column, whether
 it may be missing, and which distribution models it. It is a plain,
 JSON-serialisable description; :meth:`Schema.encode` turns a DataFrame into
 the float matrix the models see and :meth:`Schema.decode` turns model output
-back into a DataFrame with the original columns and dtypes.
+back into a DataFrame with the schema's columns and dtypes (the dtypes are
+part of the schema, never read from the data's values).
 
 **Privacy.** Everything in a schema shapes the synthetic data and is released
 with the twin (it is stored in the saved model). Levels, bounds and the fact
@@ -114,9 +115,12 @@ class ColumnSpec:
 
     :param str name: the column name.
     :param str kind: ``"categorical"``, ``"boolean"``, ``"real"`` or ``"count"``.
-    :param str dtype: the pandas dtype of the column (e.g. ``"float64"``,
-        ``"int64"``, ``"str"``, ``"category"``, ``"bool"``), used to restore
-        it in synthetic data; not considered private. Default: taken from the data.
+    :param str dtype: the pandas dtype of the column in synthetic data (e.g.
+        ``"float64"``, ``"int64"``, ``"str"``, ``"category"``, ``"bool"``);
+        for a nullable column a NumPy integer or ``bool`` dtype becomes
+        pandas' nullable ``Int64``/``boolean`` (see :attr:`output_dtype`).
+        Default (:func:`infer_schema`): derived from the other fields, never
+        from the data's values (the rules are listed there).
     :param bool nullable: whether the column may be missing. Missing values are
         modelled explicitly: an extra level for categoricals, a Bernoulli
         missingness indicator per mixture component otherwise.
@@ -212,6 +216,28 @@ class ColumnSpec:
     def is_complete(self) -> bool:
         """Whether every field needed for modelling is known."""
         return not self.missing_fields()
+
+    @property
+    def output_dtype(self) -> Optional[str]:
+        """The dtype of this column in decoded (synthetic) data: a function of
+        the spec alone.
+
+        ``dtype``, except that for a nullable column a NumPy integer or
+        ``bool`` dtype (which cannot hold a missing value) becomes pandas'
+        nullable ``Int64`` (``UInt8``, ...) or ``boolean``, whether or not a
+        given table has a missing value. None if ``dtype`` is unknown.
+        """
+        if self.dtype is None or not self.nullable:
+            return self.dtype
+        try:
+            target = pd.api.types.pandas_dtype(self.dtype)
+        except TypeError:
+            return self.dtype
+        if isinstance(target, np.dtype) and target.kind in "iu":
+            return ("UInt" if target.kind == "u" else "Int") + str(8 * target.itemsize)
+        if isinstance(target, np.dtype) and target.kind == "b":
+            return "boolean"
+        return self.dtype
 
     @property
     def num_levels(self) -> int:
@@ -329,10 +355,16 @@ class ColumnSpec:
         return out
 
     def decode(self, codes: np.ndarray) -> pd.Series:
-        """Codes (``NaN`` for missing) back to a column with this spec's dtype.
+        """Codes (``NaN`` for missing) back to a column of dtype :attr:`output_dtype`.
+
+        The dtype is a function of the spec alone, never of the codes (for
+        instance of whether they hold a missing value); values of a numeric
+        column are rounded when that dtype is an integer dtype.
 
         :param numpy.ndarray codes: float array of codes, as from a model.
         :return: :class:`pandas.Series` named ``name``.
+        :raises TwinInputError: if the spec's values (levels, bounds) cannot
+            be represented in its dtype.
         """
         codes = np.asarray(codes, dtype=np.float64)
         missing = np.isnan(codes)
@@ -353,20 +385,24 @@ class ColumnSpec:
                     pd.Categorical(values, categories=list(self.levels), ordered=self.ordered),
                     name=self.name,
                 )
-            return _as_dtype(pd.Series(values, name=self.name, dtype=object), self.dtype, missing)
+            series = pd.Series(values, name=self.name, dtype=object)
+            return _as_dtype(series, self, missing, list(self.levels))
         if self.kind == "boolean":
             values = np.empty(len(safe), dtype=object)
             values[:] = (safe >= 0.5).tolist()
             values[missing] = None
-            return _as_dtype(pd.Series(values, name=self.name, dtype=object), self.dtype, missing)
+            return _as_dtype(pd.Series(values, name=self.name, dtype=object), self, missing, [False, True])
         if self.kind == "count" and self.distribution == "poisson":
             x = np.clip(np.round(safe) + self.lower, self.lower, self.upper)
         else:
             x = self._unscale(safe)
             if self.kind == "count":
                 x = np.clip(np.round(x), self.lower, self.upper)
+        probe = [self.lower, self.upper]
+        if _is_integer_dtype(self.output_dtype):
+            x, probe = np.round(x), [float(np.round(b)) for b in probe]
         x = np.where(missing, np.nan, x)
-        return _as_dtype(pd.Series(x, name=self.name), self.dtype, missing)
+        return _as_dtype(pd.Series(x, name=self.name), self, missing, probe)
 
 
 def _level_key(v):
@@ -451,30 +487,66 @@ def _numeric_values(name: str, values: pd.Series) -> np.ndarray:
     return x
 
 
-def _as_dtype(series: pd.Series, dtype: Optional[str], missing: np.ndarray) -> pd.Series:
-    """Cast decoded values to ``dtype``; numpy int/bool with missing values become
-    the pandas nullable ``Int64``/``boolean``."""
-    if dtype is None or dtype == "object":
-        return series.astype(object).where(~missing, None) if missing.any() else series.astype(object)
-    target = pd.api.types.pandas_dtype(dtype)
-    if missing.any():
-        if isinstance(target, np.dtype) and target.kind in "iu":
-            return series.astype("Int64")
-        if isinstance(target, np.dtype) and target.kind == "b":
-            return series.astype("boolean")
+def _is_integer_dtype(dtype: Optional[str]) -> bool:
+    if dtype is None:
+        return False
     try:
-        return series.astype(target)
-    except (TypeError, ValueError):
-        return series
-
-
-def _dtype_name(dtype) -> str:
-    name = str(dtype)
-    try:
-        pd.api.types.pandas_dtype(name)
+        return pd.api.types.is_integer_dtype(pd.api.types.pandas_dtype(dtype))
     except TypeError:
-        return "object"
-    return name
+        return False
+
+
+def _as_dtype(series: pd.Series, spec: ColumnSpec, missing: np.ndarray, probe: list) -> pd.Series:
+    """Cast decoded values to ``spec.output_dtype``.
+
+    ``probe`` holds the values the spec allows (levels, or the bounds): it is
+    cast first, so whether the cast works is decided by the spec, not by the
+    values at hand. The result's dtype never depends on ``series``.
+    """
+    dtype = spec.output_dtype
+    if dtype is None or dtype == "object":
+        return series.astype(object).where(~missing, None)
+    try:
+        target = pd.api.types.pandas_dtype(dtype)
+        pd.Series(probe, dtype=object).astype(target)
+        return series.astype(target)
+    except (TypeError, ValueError) as e:
+        raise TwinInputError(
+            f"Column {spec.name!r} cannot be represented in its schema dtype {spec.dtype!r} "
+            f"({type(e).__name__}: {e}); declare a dtype that holds its values."
+        ) from None
+
+
+def _default_dtype(kind: str, levels: Optional[Tuple[Any, ...]], category: bool) -> str:
+    """The dtype a column gets when its schema leaves it out.
+
+    A function of the column's kind and levels, plus, for a categorical,
+    whether the table declares it with pandas' ``category`` dtype (a choice of
+    whoever built the table; pandas never derives it from the values). It
+    never looks at the values: pandas turns an integer column with one
+    missing value into ``float64`` and a boolean one into ``object``, so a
+    dtype read from the data would reveal missing values. Nullable integer and
+    boolean columns come out as ``Int64``/``boolean`` (see
+    :attr:`ColumnSpec.output_dtype`).
+    """
+    if kind == "real":
+        return "float64"
+    if kind == "count":
+        return "int64"
+    if kind == "boolean":
+        return "bool"
+    if category:
+        return "category"
+    levels = tuple(levels or ())
+    if levels and all(isinstance(v, bool) for v in levels):
+        return "bool"
+    if levels and all(isinstance(v, int) and not isinstance(v, bool) for v in levels):
+        return "int64"
+    if levels and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in levels):
+        return "float64"
+    if levels and all(isinstance(v, str) for v in levels):
+        return "str"
+    return "object"
 
 
 @dataclass(frozen=True)
@@ -695,11 +767,8 @@ def _infer_column(spec: ColumnSpec, col: pd.Series, max_levels: int) -> ColumnSp
     kw = dataclasses.asdict(spec)
     kw["levels"] = spec.levels
     inferred = list(spec.inferred)
-    if spec.dtype is None:
-        kw["dtype"] = "category" if isinstance(col.dtype, pd.CategoricalDtype) else _dtype_name(col.dtype)
-        spec = ColumnSpec(**kw)
-    if spec.is_complete:
-        return spec
+    if spec.missing_fields() in ([], ["dtype"]):
+        return _with_default_dtype(spec, col)
     all_missing = bool(col.isna().all())
     if all_missing:
         raise TwinInputError(
@@ -767,7 +836,14 @@ def _infer_column(spec: ColumnSpec, col: pd.Series, max_levels: int) -> ColumnSp
                 inferred.append("distribution")
             kw["distribution"] = dist_
     kw["inferred"] = tuple(dict.fromkeys(inferred))
-    return ColumnSpec(**kw)
+    return _with_default_dtype(ColumnSpec(**kw), col)
+
+
+def _with_default_dtype(spec: ColumnSpec, col: pd.Series) -> ColumnSpec:
+    if spec.dtype is not None:
+        return spec
+    category = isinstance(col.dtype, pd.CategoricalDtype)
+    return dataclasses.replace(spec, dtype=_default_dtype(spec.kind, spec.levels, category))
 
 
 def infer_schema(
@@ -792,9 +868,16 @@ def infer_schema(
     * ``distribution``: ``poisson`` for counts with a range of at most
       :data:`POISSON_MAX_RANGE`, else ``lognormal`` for non-negative columns
       whose median is in the lowest tenth of their range, else ``normal``;
-    * ``dtype``: the column's dtype (metadata, not considered private).
+    * ``dtype``: derived from the column's kind and levels, never from its
+      values: ``float64`` (real), ``int64`` (count), ``bool`` (boolean); a
+      categorical keeps pandas' ``category`` dtype if the table declares it,
+      else its levels decide (``str``, ``int64``, ``float64``, ``bool`` or
+      ``object``). A nullable column's integer or ``bool`` dtype comes out as
+      ``Int64``/``boolean`` (:attr:`ColumnSpec.output_dtype`). Two tables
+      that differ in a missing value thus get the same dtypes (pandas would
+      give an integer column with a missing value ``float64``).
 
-    Every field except ``dtype`` that is taken from the data is recorded in the
+    Every field that is taken from the data is recorded in the
     column's ``inferred`` tuple, and listed in a :class:`SchemaInferenceWarning`
     (if ``warn``): it is **not** covered by the twin's (ε, δ) guarantee. A
     schema returned by an earlier call keeps its record and raises no new
@@ -814,8 +897,10 @@ def infer_schema(
 
     **Formal guarantees.** None: this function reads the private data without
     differential privacy. What it reads is exactly what the returned schema's
-    ``inferred`` fields list (plus the dtypes and the number of rows); nothing
-    else about the data enters a twin except through DP-VI.
+    ``inferred`` fields list, plus the number of rows and the columns' pandas
+    dtypes (which set the kind of a column whose schema leaves it out, and
+    keep a categorical's ``category`` dtype); nothing else about the data
+    enters a twin except through DP-VI.
     """
     if not isinstance(data, pd.DataFrame):
         raise TypeError(f"Expected data to be a pandas DataFrame, got {type(data).__name__}.")

@@ -1,0 +1,173 @@
+"""Accounting of each sampler against independent references.
+
+The references never go through d3p's own wrappers: dp-accounting's PLD
+accountant is called directly with the DpEvent of the pair that dominates the
+sampler (a ``PoissonSampledDpEvent`` of a Gaussian; noise multiplier σ/2 for
+fixed-size batches), and a Monte Carlo simulation of the extreme
+neighbouring data sets checks the fixed-size pair without any accountant.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+dp_accounting = pytest.importorskip("dp_accounting")
+from dp_accounting.pld import pld_privacy_accountant  # noqa: E402
+
+from d3p import accounting  # noqa: E402
+from d3p.accounting import accounting_for, compute_delta, compute_epsilon  # noqa: E402
+from d3p.dputil import approximate_sigma, approximate_sigma_remove_relation, calibrate_sigma  # noqa: E402
+
+NR = dp_accounting.NeighboringRelation
+
+COMBOS = [("fixed_size", "substitute"), ("poisson", "add_remove"), ("poisson", "substitute")]
+
+
+def reference_accountant(sigma, q, steps, sampler, relation):
+    """dp-accounting's PLD accountant, composed with the dominating pair's DpEvent."""
+    if sampler == "fixed_size":
+        # fixed size B, substitute: the add/remove subsampled Gaussian at σ/2
+        event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma / 2))
+        relation_ = NR.ADD_OR_REMOVE_ONE
+    else:
+        event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+        relation_ = NR.ADD_OR_REMOVE_ONE if relation == "add_remove" else NR.REPLACE_ONE
+    acc = pld_privacy_accountant.PLDAccountant(relation_, value_discretization_interval=1e-4)
+    acc.compose(event, steps)
+    return acc
+
+
+SETTINGS = [(0.822, 0.01, 1000), (2.0, 0.05, 300)]
+SETTINGS_SLOW = [(1.0, 0.02, 500), (1.5, 0.005, 3000)]
+
+
+def _check(sigma, q, steps, sampler, relation):
+    ref = reference_accountant(sigma, q, steps, sampler, relation)
+    eps_ref = ref.get_epsilon(1e-5)
+    eps = compute_epsilon(sigma, q, steps, 1e-5, sampler=sampler, relation=relation)
+    assert eps_ref * (1 - 1e-4) <= eps <= eps_ref * (1 + 1e-3), (eps, eps_ref)
+    # δ at the reference's ε: never below the reference by more than 1e-3
+    # relative (a δ 4% too small fails), at most 1% above (d3p's δ carries
+    # its refinement margin)
+    delta_ref = ref.get_delta(eps_ref)
+    delta = compute_delta(sigma, q, steps, eps_ref, sampler=sampler, relation=relation)
+    assert delta_ref * (1 - 1e-3) <= delta <= delta_ref * (1 + 1e-2), (delta, delta_ref)
+
+
+@pytest.mark.parametrize("sampler, relation", COMBOS)
+@pytest.mark.parametrize("sigma, q, steps", SETTINGS)
+def test_epsilon_and_delta_against_dp_accounting(sigma, q, steps, sampler, relation):
+    _check(sigma, q, steps, sampler, relation)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler, relation", COMBOS)
+@pytest.mark.parametrize("sigma, q, steps", SETTINGS_SLOW)
+def test_epsilon_and_delta_against_dp_accounting_slow(sigma, q, steps, sampler, relation):
+    _check(sigma, q, steps, sampler, relation)
+
+
+@pytest.mark.parametrize("accountant", ["fourier", "rdp", "pld"])
+def test_fixed_size_is_not_the_midpoint_pair(accountant):
+    # σ = 0.822 is what the midpoint pair calibrates for ε = 4; the
+    # fixed-size pair's ε is about 25 (dp-accounting, called directly)
+    eps_ref = reference_accountant(0.822, 0.01, 1000, "fixed_size", "substitute").get_epsilon(1e-5)
+    assert 25.0 < eps_ref < 25.8
+    for kwargs in ({"relation": "substitute"}, {"sampler": "fixed_size"},
+                   {"sampler": "fixed", "relation": "substitute"}):
+        eps = compute_epsilon(0.822, 0.01, 1000, 1e-5, accountant=accountant, **kwargs)
+        assert eps >= eps_ref * (1 - 1e-3), (kwargs, eps)
+        if accountant != "rdp":
+            assert eps <= eps_ref * (1 + 1e-3)
+    tracker = accounting.EpsilonTracker(0.822, 0.01, 1e-5, relation="substitute", num_steps=1000,
+                                        accountant=accountant)
+    assert tracker.total_epsilon >= eps_ref * (1 - 1e-3)
+    assert accounting.compose_epsilon([(0.822, 0.01, 1000)], 1e-5, relation="substitute",
+                                      accountant=accountant) >= eps_ref * (1 - 1e-3)
+
+
+def test_fixed_size_pair_by_monte_carlo():
+    """No accountant: simulate the released sums on D (every clipped
+    contribution +C) and D' (record 0 at -C) for B = 1 of N = 100 with the
+    real sampling of one record per step, and estimate δ(ε = 4) as the
+    hockey-stick divergence E_D'[(1 - e^{ε - L})+] of the exact likelihood
+    ratio L of the two output distributions."""
+    rng = np.random.default_rng(1)
+    sigma, N, B, T, runs = 0.822, 100, 1, 1000, 20000
+    q = B / N
+    chosen_zero = rng.integers(0, N, size=(runs, T)) == 0      # record 0 in the batch
+    sums = B - 2.0 * chosen_zero + sigma * rng.standard_normal((runs, T))  # D' releases, units of C
+    # log p_D'(s) - log p_D(s), with p_D = N(B, σ²) and p_D' = (1-q)N(B, σ²) + qN(B-2, σ²)
+    log_ratio = np.logaddexp(math.log1p(-q), math.log(q) + (-(sums - B + 2) ** 2 + (sums - B) ** 2) / (2 * sigma**2))
+    L = log_ratio.sum(axis=1)
+    eps = 4.0
+    d_mc = np.mean(np.maximum(0.0, 1.0 - np.exp(eps - L)))
+    se = np.std(np.maximum(0.0, 1.0 - np.exp(eps - L))) / math.sqrt(runs)
+    d_ours = compute_delta(sigma, q, T, eps, relation="substitute")
+    assert abs(d_ours - d_mc) <= 4 * se + 1e-3 * d_mc, (d_ours, d_mc, se)
+    assert d_mc > 0.25        # the midpoint pair's claim, δ = 1e-5 at ε = 4, is false
+    assert compute_delta(sigma, q, T, eps, sampler="poisson", relation="substitute") < 2e-5
+
+
+@pytest.mark.parametrize("target_eps", [1.0, 4.0])
+def test_approximate_sigma_is_valid_and_tight_for_fixed_size(target_eps):
+    sigma, eps, _ = approximate_sigma(target_eps, 1e-5, 0.01, 1000)
+    assert eps <= target_eps
+    ref = reference_accountant(sigma, 0.01, 1000, "fixed_size", "substitute")
+    assert ref.get_epsilon(1e-5) <= target_eps * (1 + 1e-3)
+    smaller = reference_accountant(sigma * 0.99, 0.01, 1000, "fixed_size", "substitute")
+    assert smaller.get_epsilon(1e-5) > target_eps       # within 1% of the smallest valid σ
+
+
+def test_approximate_sigma_remove_relation_against_dp_accounting():
+    sigma, eps, _ = approximate_sigma_remove_relation(4.0, 1e-5, 0.01, 1000)
+    assert reference_accountant(sigma, 0.01, 1000, "poisson", "add_remove").get_epsilon(1e-5) <= 4.0 * (1 + 1e-3)
+    assert reference_accountant(sigma * 0.99, 0.01, 1000, "poisson", "add_remove").get_epsilon(1e-5) > 4.0
+
+
+def test_calibrate_sigma_poisson_substitute_against_dp_accounting():
+    sigma, _, _ = calibrate_sigma(4.0, 1e-5, 0.01, 1000, sampler="poisson", relation="substitute")
+    assert reference_accountant(sigma, 0.01, 1000, "poisson", "substitute").get_epsilon(1e-5) <= 4.0 * (1 + 1e-3)
+    assert reference_accountant(sigma * 0.99, 0.01, 1000, "poisson", "substitute").get_epsilon(1e-5) > 4.0
+
+
+def test_poisson_needs_about_half_the_noise_of_fixed_size():
+    fixed, _, _ = approximate_sigma(2.0, 1e-5, 0.01, 1000)
+    poisson, _, _ = approximate_sigma_remove_relation(2.0, 1e-5, 0.01, 1000)
+    assert fixed == pytest.approx(2 * poisson, rel=1e-6)
+
+
+def test_fixed_size_q_one_is_the_gaussian_mechanism_with_sensitivity_two():
+    # B = N: the substituted record is in every batch; closed form with μ = 2 sqrt(T) / σ
+    from scipy.stats import norm
+
+    sigma, T, eps = 3.0, 10, 1.0
+    mu = 2 * math.sqrt(T) / sigma
+    delta_exact = norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * norm.cdf(-mu / 2 - eps / mu)
+    assert compute_delta(sigma, 1.0, T, eps, sampler="fixed_size") == pytest.approx(delta_exact, rel=1e-9)
+
+
+def test_accounting_for_mapping():
+    assert accounting_for() == accounting_for("poisson", "add_remove")
+    assert accounting_for(relation="substitute").sampler == "fixed_size"
+    assert accounting_for(relation="add-remove").sampler == "poisson"
+    fixed = accounting_for("fixed")
+    assert (fixed.relation, fixed.pair, fixed.noise_divisor) == ("substitute", "add_remove", 2.0)
+    midpoint = accounting_for("poisson", "substitute")
+    assert (midpoint.pair, midpoint.noise_divisor) == ("substitute", 1.0)
+    with pytest.raises(ValueError, match="relation='substitute' for sampler='fixed_size'"):
+        accounting_for("fixed_size", "add_remove")
+    with pytest.raises(ValueError, match="sampler"):
+        accounting_for("with_replacement")
+    with pytest.raises(ValueError, match="relation"):
+        accounting_for(relation="nope")
+
+
+def test_overflow_delta_only_for_poisson():
+    from d3p import minibatch
+
+    assert accounting_for("fixed_size").overflow_delta(100, 0.1, 10, 100, 1.0) == 0.0
+    assert accounting_for("poisson").overflow_delta(100, 0.1, 10, 100, 1.0) == pytest.approx(
+        minibatch.poisson_overflow_delta(100, 0.1, 10, 100, 1.0))
+    assert accounting_for("poisson", "substitute").overflow_delta(100, 0.1, 10, 100, 1.0) > 0

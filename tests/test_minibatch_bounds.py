@@ -1,0 +1,212 @@
+"""Tests of d3p.minibatch: every sampler loop is bounded, and a broken random source fails loudly.
+
+A PRNG suite whose ``random_bits`` returns one constant word never yields B
+distinct indices (or, for a rejected word, any index at all). The samplers
+must then stop and raise instead of hanging, and never hand out a batch that
+is not of their distribution. The runs with a broken suite happen in a
+subprocess with a timeout, so that a regression fails the test instead of
+hanging the test run.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from d3p import minibatch
+from d3p.minibatch import LOOP_FAILURE_PROBABILITY, SamplingError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+BROKEN_SCRIPT = textwrap.dedent(r'''
+    import json, sys, types, warnings
+    warnings.simplefilter("ignore")
+    import jax, jax.numpy as jnp, numpy as np, numpyro
+    from numpyro.infer import Trace_ELBO
+    from numpyro.infer.autoguide import AutoDelta
+    import d3p.random.debug as base
+    from d3p import minibatch
+    from d3p.svi import DPSVI
+
+    def broken(word):
+        """d3p.random.debug, except that random_bits always returns ``word``."""
+        suite = types.ModuleType(f"broken_{word}")
+        for name in ("PRNGKey", "split", "fold_in", "uniform", "normal", "randint", "convert_to_jax_rng_key"):
+            setattr(suite, name, getattr(base, name))
+        suite.random_bits = lambda key, bit_width=32, shape=(): jnp.full(shape, word, jnp.uint32)
+        return suite
+
+    ACCEPTED, REJECTED = broken(0x9E3779B9), broken(0)  # for N = 3, word 0 is always rejected
+    key = base.PRNGKey(0)
+    data = np.arange(10.0)
+
+    def model(x, N=10):
+        mu = numpyro.sample("mu", numpyro.distributions.Normal(0.0, 10.0))
+        with numpyro.plate("data", N, subsample_size=x.shape[0]):
+            numpyro.sample("x", numpyro.distributions.Normal(mu, 1.0), obs=x)
+
+    def run(suite, init_state):
+        svi = DPSVI(model, AutoDelta(model), numpyro.optim.SGD(1e-3), Trace_ELBO(), clipping_threshold=1.0,
+                    dp_scale=1.0, rng_suite=suite, N=10)
+        state = svi.init(key, data[:3]) if init_state else None
+        svi.run(key, 2, data, batch_size=3, sampling="fixed", progress_bar=False, init_state=state)
+
+    def scan_in_vmap(sampler, suite):
+        def one(k):
+            step = lambda c, t: (c + sampler.sample(suite.fold_in(k, t), suite)[0].sum(), None)
+            return lax.scan(step, 0, jnp.arange(3, dtype=jnp.uint32))[0]
+        return jax.jit(jax.vmap(one))(jnp.stack([key, key]))
+
+    def get_batch(batchify, traced):
+        init, get = batchify
+        _, state = init(key)
+        return jax.jit(get)(1, state) if traced else get(1, state)
+
+    from jax import lax
+    fixed, poisson, replace = minibatch.FixedSizeSampler(10, 3), minibatch.PoissonSampler(10, 0.5), \
+        minibatch.WithReplacementSampler(3, 3)
+    cases = {
+        "fixed": lambda: fixed.sample(key, ACCEPTED),
+        "fixed_rejected": lambda: fixed.sample(key, broken(0xFFFFFFFF)),
+        "poisson": lambda: poisson.sample(key, ACCEPTED),
+        "with_replacement": lambda: replace.sample(key, REJECTED),
+        "fixed_jit": lambda: jax.jit(lambda k: fixed.sample(k, ACCEPTED))(key),
+        "poisson_jit_vmap": lambda: jax.jit(jax.vmap(lambda i: poisson.sample(ACCEPTED.fold_in(key, i), ACCEPTED)))(
+            jnp.arange(4, dtype=jnp.uint32)),
+        "with_replacement_jit": lambda: jax.jit(lambda k: replace.sample(k, REJECTED))(key),
+        "scan_in_vmap": lambda: scan_in_vmap(fixed, ACCEPTED),
+        "get_batch": lambda: get_batch(minibatch.subsample_batchify_data(data, 3, rng_suite=ACCEPTED), False),
+        "get_batch_jit": lambda: get_batch(minibatch.subsample_batchify_data(data, 3, rng_suite=ACCEPTED), True),
+        "poisson_get_batch": lambda: get_batch(minibatch.poisson_batchify_data(data, 0.5, rng_suite=ACCEPTED), False),
+        "dpsvi_run": lambda: run(ACCEPTED, init_state=False),
+        "dpsvi_run_traced": lambda: run(ACCEPTED, init_state=True),
+        # the batch a failed draw would stand for: empty, with out-of-range indices
+        "failed_batch": lambda: [np.asarray(a).tolist() for a in
+                                 minibatch._sample_jit(fixed, key, ACCEPTED)],
+        # Feistel cycle-walking ends whatever the round functions (a permutation is a permutation)
+        "feistel": lambda: sorted(np.asarray(minibatch.feistel_permutation(
+            key, jnp.arange(10), 10, rng_suite=ACCEPTED)).tolist()),
+    }
+    out = {}
+    for name, case in cases.items():
+        try:
+            value = case()
+            jax.block_until_ready(value)
+            out[name] = {"raised": None, "value": value if name in ("failed_batch", "feistel") else None}
+        except Exception as e:
+            out[name] = {"raised": type(e).__name__, "message": str(e)}
+    print("RESULT" + json.dumps(out))
+''')
+
+
+@pytest.fixture(scope="module")
+def broken_runs():
+    proc = subprocess.run([sys.executable, "-c", BROKEN_SCRIPT], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
+    return json.loads(line[len("RESULT"):])
+
+
+@pytest.mark.parametrize("case", ["fixed", "fixed_rejected", "poisson", "with_replacement", "get_batch",
+                                  "poisson_get_batch", "dpsvi_run"])
+def test_broken_random_source_raises_at_the_python_boundary(broken_runs, case):
+    result = broken_runs[case]
+    assert result["raised"] == "SamplingError", result
+    assert "iteration bound" in result["message"] and "broken" in result["message"]
+
+
+@pytest.mark.parametrize("case", ["fixed_jit", "poisson_jit_vmap", "with_replacement_jit", "scan_in_vmap",
+                                  "get_batch_jit", "dpsvi_run_traced"])
+def test_broken_random_source_fails_a_traced_computation(broken_runs, case):
+    result = broken_runs[case]
+    assert result["raised"] == "JaxRuntimeError", result
+    assert "SamplingError" in result["message"] and "iteration bound" in result["message"]
+
+
+def test_a_failed_draw_is_an_empty_batch(broken_runs):
+    result = broken_runs["failed_batch"]
+    assert result["raised"] is None, result
+    indices, mask, ok = result["value"]
+    assert ok is False and not any(mask) and indices == [2**31 - 1] * 3
+
+
+def test_feistel_cycle_walking_ends_with_any_round_function(broken_runs):
+    assert broken_runs["feistel"] == {"raised": None, "value": list(range(10))}
+
+
+# ----------------------------------------------------------------------------
+# the iteration bounds
+
+
+def _tail_after(num, n, draws):
+    """Exact P(fewer than ``num`` distinct accepted values after ``draws`` words) for _distinct_uniform."""
+    a = minibatch._acceptance_probability(n)
+    p = np.zeros(num + 1)
+    p[0] = 1.0
+    step = np.array([a * (n - j) / n for j in range(num)])
+    for _ in range(draws):
+        moved = p[:num] * step
+        p[:num] -= moved
+        p[1:] += moved
+    return p[:num].sum()
+
+
+@pytest.mark.parametrize("num_records,num", [(1, 1), (2, 2), (3, 1), (5, 5), (10, 3), (10, 10), (50, 50),
+                                             (200, 20), (3, 3), (7, 6)])
+def test_distinct_uniform_bound_has_the_stated_failure_probability(num_records, num):
+    block = minibatch._draw_block_size(num, num_records)
+    t = minibatch._distinct_uniform_max_iterations(num, num_records, block)
+    assert _tail_after(num, num_records, t * block) <= LOOP_FAILURE_PROBABILITY
+    assert t <= 40  # the bound costs nothing: the loop ends as soon as the batch is complete
+
+
+@pytest.mark.parametrize("num_records,num", [(1, 1), (3, 3), (10, 10), (1000, 1000), (10**6, 10**6),
+                                             (2**31 - 1, 1), (2**31 - 1, 10**5), (2**30 + 1, 2**20)])
+def test_bounds_are_small_everywhere(num_records, num):
+    block = minibatch._draw_block_size(num, num_records)
+    assert 1 <= minibatch._distinct_uniform_max_iterations(num, num_records, block) <= 40
+    t = minibatch._uniform_indices_max_iterations(num, num_records)
+    reject = 1.0 - minibatch._acceptance_probability(num_records)
+    assert num * reject**t <= LOOP_FAILURE_PROBABILITY and t <= 100
+
+
+# ----------------------------------------------------------------------------
+# the check itself, on flags
+
+
+def test_require_raises_at_the_python_boundary_for_concrete_flags():
+    assert minibatch._require(jnp.bool_(True), 7, "msg") == 7
+    with pytest.raises(SamplingError, match="msg"):
+        minibatch._require(jnp.bool_(False), 7, "msg")
+
+
+@pytest.mark.parametrize("transform", ["jit", "vmap", "vmap_vmap", "scan", "vmap_scan"])
+def test_require_in_a_traced_computation(transform):
+    """Fails iff some flag is False, under every transformation (a vmapped cond must not
+    run its failure branch for a batch that is all True)."""
+
+    def f(ok):
+        return minibatch._require(ok, jnp.where(ok, 1, 0), "sampler broken")
+
+    fns = {
+        "jit": jax.jit(f),
+        "vmap": jax.jit(jax.vmap(f)),
+        "vmap_vmap": jax.jit(jax.vmap(jax.vmap(f))),
+        "scan": jax.jit(lambda oks: lax.scan(lambda c, ok: (c + f(ok), None), 0, oks)[0]),
+        "vmap_scan": jax.jit(jax.vmap(lambda oks: lax.scan(lambda c, ok: (c + f(ok), None), 0, oks)[0])),
+    }
+    shape = {"jit": (), "vmap": (4,), "vmap_vmap": (2, 3), "scan": (4,), "vmap_scan": (2, 3)}[transform]
+    fn = fns[transform]
+    good = jnp.ones(shape, bool)
+    jax.block_until_ready(fn(good))
+    bad = good.at[(0,) * len(shape)].set(False) if shape else jnp.bool_(False)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="sampler broken"):
+        jax.block_until_ready(fn(bad))
