@@ -25,6 +25,8 @@ import math
 import time
 from typing import Optional, Tuple
 
+import numpy as np
+
 from d3p import accounting as _acc
 from d3p.accounting import ADD_REMOVE, SUBSTITUTE, Phase
 
@@ -267,6 +269,13 @@ def _calibrate_pair(relation, target_eps, delta, q, num_iter, *, tol, max_time, 
     return sigma, eps, state["evals"] + n_rdp[0]
 
 
+def _compat_max_evals(maxeval, max_evals, force_smaller) -> int:
+    """``max_evals``, or d3p 0.2's ``maxeval`` where given; checks ``force_smaller``."""
+    if not isinstance(force_smaller, (bool, np.bool_)):
+        raise TypeError(f"Expected force_smaller to be a bool, got force_smaller={force_smaller!r}")
+    return max_evals if maxeval is None else _acc._check_steps(maxeval, "maxeval", minimum=1)
+
+
 def calibrate_sigma(
     target_eps: float,
     delta: float,
@@ -308,8 +317,10 @@ def approximate_sigma(
     delta: float,
     q: float,
     num_iter: int,
-    *,
     tol: float = 1e-3,
+    force_smaller: bool = True,
+    *,
+    maxeval: Optional[int] = None,
     max_time: float = 60.0,
     max_evals: int = 60,
     accountant: str = "fourier",
@@ -337,7 +348,12 @@ def approximate_sigma(
     :param int num_iter: number of steps T ≥ 1.
     :param float tol: relative tolerance: the search stops once the achieved ε
         is within ``target_eps * (1 - tol)`` and ``target_eps``, or σ is
-        bracketed to a relative ``tol`` (default 1e-3).
+        bracketed to a relative ``tol`` (default 1e-3). Accepted as the fifth
+        positional argument, as in d3p 0.2.
+    :param bool force_smaller: accepted for d3p 0.2 programs; the returned ε
+        is always at most ``target_eps`` (``False`` does not relax that).
+    :param int maxeval: d3p 0.2's name for ``max_evals`` (if given, it is used
+        instead).
     :param float max_time: soft limit in seconds for the search (default 60);
         when reached, the best σ verified so far (or the RDP calibration) is
         returned.
@@ -377,6 +393,7 @@ def approximate_sigma(
     >>> eps <= 1.0
     True
     """
+    max_evals = _compat_max_evals(maxeval, max_evals, force_smaller)
     return _calibrate(_acc.accounting_for("fixed_size", SUBSTITUTE), target_eps, delta, q, num_iter, tol=tol,
                       max_time=max_time, max_evals=max_evals, accountant=accountant)
 
@@ -386,8 +403,10 @@ def approximate_sigma_remove_relation(
     delta: float,
     q: float,
     num_iter: int,
-    *,
     tol: float = 1e-3,
+    force_smaller: bool = True,
+    *,
+    maxeval: Optional[int] = None,
     max_time: float = 60.0,
     max_evals: int = 60,
     accountant: str = "fourier",
@@ -406,6 +425,8 @@ def approximate_sigma_remove_relation(
         every step.
     :param int num_iter: number of steps T ≥ 1.
     :param float tol: relative tolerance (see :func:`approximate_sigma`).
+    :param bool force_smaller: see :func:`approximate_sigma`.
+    :param int maxeval: d3p 0.2's name for ``max_evals``.
     :param float max_time: soft limit in seconds (default 60).
     :param int max_evals: limit on the number of accountant evaluations.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"``.
@@ -421,5 +442,6 @@ def approximate_sigma_remove_relation(
     >>> 9.5 < sigma < 9.8 and eps <= 1.0
     True
     """
+    max_evals = _compat_max_evals(maxeval, max_evals, force_smaller)
     return _calibrate(_acc.accounting_for("poisson", ADD_REMOVE), target_eps, delta, q, num_iter, tol=tol,
                       max_time=max_time, max_evals=max_evals, accountant=accountant)

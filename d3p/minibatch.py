@@ -388,7 +388,8 @@ def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> Tuple[j
         slot = count + jnp.cumsum(new.astype(jnp.int32)) - 1
         slot = jnp.where(new & (slot < num), slot, num)
         found = found.at[slot].set(cand, mode="drop")
-        count = jnp.minimum(count + jnp.sum(new.astype(jnp.int32)), num)
+        # int32 throughout (jnp.sum widens to int64 under jax_enable_x64)
+        count = jnp.minimum(count + jnp.sum(new, dtype=jnp.int32), num).astype(jnp.int32)
         return found, count, t + 1
 
     init = (jnp.full((num,), _SENTINEL, jnp.int32), jnp.int32(0), jnp.uint32(0))

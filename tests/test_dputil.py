@@ -211,4 +211,18 @@ def test_validation_of_keywords():
     with pytest.raises(ValueError, match="accountant='x'"):
         approximate_sigma(1.0, 1e-5, 0.01, 100, accountant="x")
     with pytest.raises(TypeError):
-        approximate_sigma(1.0, 1e-5, 0.01, 100, 1e-3)  # extras are keyword-only
+        approximate_sigma(1.0, 1e-5, 0.01, 100, 1e-3, True, 20)  # beyond d3p 0.2's: keyword-only
+
+
+def test_d3p_02_spellings():
+    """d3p 0.2 programs (twinify among them) pass tol positionally, force_smaller and maxeval."""
+    from d3p.dputil import approximate_sigma, approximate_sigma_remove_relation
+
+    for fn in (approximate_sigma, approximate_sigma_remove_relation):
+        sigma, eps, evals = fn(1.0, 1e-5, 0.01, 1000, 1e-3, True, maxeval=20)
+        assert eps <= 1.0 and evals <= 20 + 64   # the RDP fallback may add evaluations
+        assert fn(1.0, 1e-5, 0.01, 1000, 1e-3, False)[1] <= 1.0   # never above the target
+        with pytest.raises(ValueError, match="maxeval"):
+            fn(1.0, 1e-5, 0.01, 1000, maxeval=0)
+        with pytest.raises(TypeError, match="force_smaller"):
+            fn(1.0, 1e-5, 0.01, 1000, 1e-3, "yes")

@@ -1,0 +1,44 @@
+"""The samplers and DPSVI.run under 64-bit JAX (jax_enable_x64, as twinify sets it).
+
+Runs in a subprocess, since x64 is a process-wide flag."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
+    from numpyro.infer import Trace_ELBO
+    from numpyro.infer.autoguide import AutoDiagonalNormal
+    import d3p.random
+    from d3p.minibatch import poisson_batchify_data, subsample_batchify_data
+    from d3p.svi import DPSVI
+
+    x = np.arange(100.0)
+    init, get = subsample_batchify_data((x,), batch_size=10)
+    (batch,) = get(0, init(d3p.random.PRNGKey(0))[1])
+    assert batch.shape == (10,) and len(set(np.asarray(batch).tolist())) == 10
+    init, get = poisson_batchify_data((x,), 0.1, 30)
+    (batch,), mask = get(0, init(d3p.random.PRNGKey(0))[1])
+    assert batch.shape == mask.shape == (30,)
+
+    def model(xs, N):
+        mu = numpyro.sample("mu", dist.Normal(0, 10))
+        with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+            numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
+
+    svi = DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
+                clipping_threshold=2.0, dp_scale=1.0, N=100)
+    for kw in (dict(batch_size=10), dict(batch_size=10, sampling="fixed")):
+        r = svi.run(d3p.random.PRNGKey(0), 20, jnp.asarray(x), progress_bar=False, **kw)
+        assert np.isfinite(r.epsilon) and r.params["auto_loc"].dtype == jnp.float64
+    print("ok")
+""")
+
+
+def test_samplers_and_run_under_x64():
+    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
