@@ -50,7 +50,8 @@ class DPSVIRunResult(SVIRunResult):
     :meth:`DPSVI.run`, with the privacy spent as attributes.
 
     Attributes (not tuple fields, so ``params, state, losses = result`` works
-    as in NumPyro): ``epsilon``, ``delta``, ``relation``, ``sigma``, ``q``,
+    as in NumPyro): ``epsilon``, ``delta``, ``relation``, ``sampler`` (``"poisson"`` or
+    ``"fixed_size"``), ``sigma``, ``q``,
     ``num_steps``. ``losses`` are NOT private.
     """
 
@@ -552,10 +553,13 @@ class DPSVI(SVI):
         records, treedef, B = _records(args, kwargs)
         if mask is not None:
             mask = jnp.asarray(mask)
+            if mask.shape == () and mask.dtype == jnp.bool_:
+                mask = jnp.broadcast_to(mask, (B,))   # d3p 0.2: one flag for the whole batch
             if mask.shape != (B,) or mask.dtype != jnp.bool_:
                 raise ValueError(
                     f"Expected mask to be a boolean array of shape ({B},) (True for real "
-                    f"records), got dtype {mask.dtype} and shape {mask.shape}."
+                    f"records) or one boolean for the whole batch, got dtype {mask.dtype} and "
+                    f"shape {mask.shape}."
                 )
         if expected_batch_size is None:
             if B == 0:
@@ -637,7 +641,8 @@ class DPSVI(SVI):
             numbers and pandas objects are converted with ``np.asarray``, rows
             as records; non-numeric data raise ``TypeError``. The caller's
             data is never modified.
-        :param mask: optional boolean array ``(B,)``, True for real records
+        :param mask: optional boolean array ``(B,)`` (or one boolean for the
+            whole batch, as d3p 0.2 accepted), True for real records
             (e.g. from :func:`d3p.minibatch.poisson_batchify_data`).
         :param expected_batch_size: the public constant by which the noisy sum
             is normalised; default ``B`` (right for fixed-size batches; required
@@ -836,7 +841,7 @@ class DPSVI(SVI):
         :param dict init_params: initial values of param sites.
         :param kwargs: per-record keyword data (``N`` rows each).
         :return: :class:`DPSVIRunResult` ``(params, state, losses)`` with
-            attributes ``epsilon``, ``delta``, ``relation``, ``sigma``, ``q``,
+            attributes ``epsilon``, ``delta``, ``relation``, ``sampler``, ``sigma``, ``q``,
             ``num_steps``. The losses are NOT private.
         """
         from d3p import accounting, minibatch

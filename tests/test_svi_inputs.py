@@ -535,3 +535,15 @@ def test_mismatched_list_and_frame_lengths_refused_naming_both():
         svi.update(state, _xs()[:5], ys=pd.Series(_xs()[:4]))
     with pytest.raises(ValueError, match=r"(?s)args\[1\].*leading dimension 3.*args\[0\].*5"):
         svi.evaluate(state, _xs()[:5], (1.0, 2.0, 3.0))
+
+
+def test_scalar_mask_is_one_flag_for_the_batch(svi, state):
+    """d3p 0.2 accepted ``mask=True``: every record real; ``False``: every record padded."""
+    xs = _xs()[:5]
+    for flag in (True, False):
+        a, _ = svi.update(state, xs, mask=flag)
+        b, _ = svi.update(state, xs, mask=np.full(5, flag))
+        for u, v in zip(jax.tree.leaves(svi.get_params(a)), jax.tree.leaves(svi.get_params(b))):
+            np.testing.assert_array_equal(u, v)
+    with pytest.raises(ValueError, match="mask"):
+        svi.update(state, xs, mask=1)
