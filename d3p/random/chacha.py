@@ -141,9 +141,11 @@ def PRNGKey(seed: Optional[Union[int, jax.typing.ArrayLike]] = None) -> PRNGStat
 
     :param seed: ``None`` (default) draws a fresh 256-bit key from the operating
         system's entropy source (``os.urandom``); this is what private runs
-        should use. A non-negative Python integer below 2**256 gives a
-        reproducible key (its 256 bits, little-endian); an integer array (also
-        traced) fills the lowest word.
+        should use. A Python integer gives a reproducible key: its value
+        modulo 2**256, as 256 bits, little-endian (negative integers too, as
+        d3p 0.2 accepted them); ``bytes`` are read as a little-endian integer
+        (``int.from_bytes(seed, "little")``) and then likewise; an integer
+        array (also traced) fills the lowest word.
     :return: the key, a ``uint32`` array of shape ``(8,)``.
 
     **Formal guarantees.** With ``seed=None`` the key is uniform over 256 bits
@@ -159,16 +161,16 @@ def PRNGKey(seed: Optional[Union[int, jax.typing.ArrayLike]] = None) -> PRNGStat
         return jnp.asarray(np.frombuffer(os.urandom(4 * _KEY_WORDS), dtype="<u4").astype(np.uint32))
     if isinstance(seed, (bool, np.bool_)):
         raise TypeError(f"Expected seed to be an integer or None, got seed={seed!r}.")
+    if isinstance(seed, (bytes, bytearray)):
+        seed = int.from_bytes(bytes(seed), "little")
     if isinstance(seed, (int, np.integer)):
-        seed = int(seed)
-        if seed < 0 or seed >= 2**256:
-            raise ValueError(f"Expected seed in [0, 2**256), got seed={seed}.")
+        seed = int(seed) % 2**256
         words = [(seed >> (32 * i)) & 0xFFFFFFFF for i in range(_KEY_WORDS)]
         return jnp.asarray(np.array(words, dtype=np.uint32))
     seed = jnp.asarray(seed)
     if not jnp.issubdtype(seed.dtype, jnp.integer) or seed.ndim != 0:
         raise TypeError(
-            f"Expected seed to be an integer scalar or None, got dtype {seed.dtype} shape {seed.shape}."
+            f"Expected seed to be an integer, bytes or None, got dtype {seed.dtype} shape {seed.shape}."
         )
     return jnp.zeros(_KEY_WORDS, jnp.uint32).at[0].set(seed.astype(jnp.uint32))
 
