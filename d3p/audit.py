@@ -1156,7 +1156,7 @@ def audit_dpsvi(
         score_sigma = _float("score_sigma", score_sigma, low=0, low_open=True)
     if sampling not in ("poisson", "fixed"):
         raise ValueError(f"Expected sampling in ('poisson', 'fixed'), got sampling={sampling!r}.")
-    acc = _accounting.accounting_for("poisson" if sampling == "poisson" else "fixed_size")
+    acc = _accounting.accounting_for(sampling)   # "fixed" is an alias of "fixed_size"
     pair_sigma = float(dp_scale) / acc.noise_divisor   # σ of the pair the scores follow
     if sampling == "poisson":
         p_in, p_out = dpsvi_projections(
