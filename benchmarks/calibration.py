@@ -11,7 +11,7 @@ markdown table with:
   process: one call of the fourier-accountant package's ``get_epsilon_*`` at
   its default grid (nx=1e6, L=20) for the same (q, T) at the calibrated σ
   of the composed pair ("R" for the add/remove pair, "S" for the midpoint
-  pair): the cost of a single evaluation of the old calibrator;
+  pair): the cost of one accountant evaluation at the package's default grid;
 * ``sigma``, ``eps``: the calibrated σ and the ε it achieves (≤ target);
 * ``evals``: accountant evaluations (FFT compositions) of the calibration;
 * ``sigma_pld``: σ calibrated with dp-accounting's PLD accountant
@@ -35,6 +35,7 @@ import warnings
 import numpy as np
 
 from d3p import accounting
+from d3p._accounting._window import phase_stats
 from d3p.dputil import calibrate_sigma
 
 DELTA = 1e-5
@@ -50,7 +51,7 @@ CALIBRATORS = {
 
 
 def _clear_caches():
-    accounting._phase_stats.cache_clear()
+    phase_stats.cache_clear()  # every timing starts cold
 
 
 def _baseline(label, sigma, q, steps):

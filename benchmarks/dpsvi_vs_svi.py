@@ -14,6 +14,8 @@ Models (all with generated data; no downloads):
   N = 60,000 MNIST-shaped binary images; weights are ``numpyro.param`` sites
   in the model (decoder) and the guide (encoder), the latent ``z`` is local,
   under the data plate.
+
+The models and guides are the paper's, from ``d3p._paper_models``.
 - ``logreg``: the paper's logistic regression (listing 2), d = 30,
   N = 100,000, B = 256, mean-field Gaussian guide.
 - ``hlogreg``: the paper's hierarchical logistic regression (listing 4),
@@ -45,46 +47,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-import numpyro.distributions as dist
 from numpyro.infer import SVI, Trace_ELBO
 
 import d3p.random
 import d3p.random.debug
 from d3p import gradients
+from d3p._paper_models import (
+    hierarchical_logistic_regression_guide,
+    hierarchical_logistic_regression_model,
+    logistic_regression_guide,
+    logistic_regression_model,
+    make_vae,
+)
 from d3p.svi import DPSVI
 
 # --------------------------------------------------------------------- models
 
-
-def _dense_init(n_in, n_out, scale=1.0):
-    return lambda key: jax.random.normal(key, (n_in, n_out)) * (scale * np.sqrt(2.0 / n_in))
-
-
-def vae_model(xs, N, hidden=400, latent=50):
-    """Decoder p(x | z) p(z): 50-400-784 with a ReLU hidden layer."""
-    B, D = xs.shape
-    W1 = numpyro.param("dec_W1", _dense_init(latent, hidden))
-    b1 = numpyro.param("dec_b1", jnp.zeros(hidden))
-    W2 = numpyro.param("dec_W2", _dense_init(hidden, D))
-    b2 = numpyro.param("dec_b2", jnp.zeros(D))
-    with numpyro.plate("data", N, subsample_size=B):
-        z = numpyro.sample("z", dist.Normal(0.0, 1.0).expand([latent]).to_event(1))
-        h = jax.nn.relu(z @ W1 + b1)
-        numpyro.sample("x", dist.Bernoulli(logits=h @ W2 + b2).to_event(1), obs=xs)
-
-
-def vae_guide(xs, N, hidden=400, latent=50):
-    """Encoder q(z | x): 784-400-(50, 50) with a ReLU hidden layer."""
-    B, D = xs.shape
-    W1 = numpyro.param("enc_W1", _dense_init(D, hidden))
-    b1 = numpyro.param("enc_b1", jnp.zeros(hidden))
-    Wm = numpyro.param("enc_Wm", _dense_init(hidden, latent, 0.1))
-    bm = numpyro.param("enc_bm", jnp.zeros(latent))
-    Ws = numpyro.param("enc_Ws", _dense_init(hidden, latent, 0.1))
-    bs = numpyro.param("enc_bs", jnp.zeros(latent))
-    with numpyro.plate("data", N, subsample_size=B):
-        h = jax.nn.relu(xs @ W1 + b1)
-        numpyro.sample("z", dist.Normal(h @ Wm + bm, jnp.exp(h @ Ws + bs)).to_event(1))
+# the paper's MNIST network
+VAE_MODEL, VAE_GUIDE = make_vae(784, 400, 50)
 
 
 def vae_data(rng, N=60000, D=784):
@@ -95,46 +75,11 @@ def vae_data(rng, N=60000, D=784):
     return ((protos[labels] ^ flips).astype(np.float32),)
 
 
-def logreg_model(xs, ys, N):
-    """Listing 2 of the d3p paper."""
-    d = xs.shape[1]
-    w = numpyro.sample("w", dist.Normal(0.0, 4.0).expand([d]).to_event(1))
-    with numpyro.plate("batch", N, subsample_size=xs.shape[0]):
-        numpyro.sample("ys", dist.Bernoulli(logits=xs @ w), obs=ys)
-
-
-def logreg_guide(xs, ys, N):
-    d = xs.shape[1]
-    w_loc = numpyro.param("w_loc", jnp.zeros(d))
-    w_scale = jnp.exp(numpyro.param("w_scale_log", jnp.zeros(d)))
-    numpyro.sample("w", dist.Normal(w_loc, w_scale).to_event(1))
-
-
 def logreg_data(rng, N=100000, d=30):
     xs = rng.normal(size=(N, d)).astype(np.float32)
     w = rng.normal(size=d)
     ys = (rng.random(N) < 1 / (1 + np.exp(-xs @ w))).astype(np.float32)
     return xs, ys
-
-
-def hlogreg_model(xs, ys, ls, N, gs):
-    """Listing 4 of the d3p paper (group covariates ``gs`` shared by all records)."""
-    D = xs.shape[1]
-    L, K = gs.shape
-    M = numpyro.sample("M", dist.Normal(0.0, 4.0).expand([D, K]).to_event(2))
-    with numpyro.plate("group", L, L):
-        ws = numpyro.sample("ws", dist.Normal(gs @ M.T, 1.0).to_event(1))
-    with numpyro.plate("batch", N, subsample_size=xs.shape[0]):
-        thetas = jax.nn.sigmoid(jnp.einsum("nd,nd->n", xs, ws[ls]))
-        numpyro.sample("ys", dist.Bernoulli(thetas), obs=ys)
-
-
-def hlogreg_guide(xs, ys, ls, N, gs):
-    D = xs.shape[1]
-    K = gs.shape[1]
-    M_loc = numpyro.param("M_loc", jnp.zeros((D, K)))
-    M_scale = jnp.exp(numpyro.param("M_scale_log", jnp.zeros((D, K))))
-    numpyro.sample("M", dist.Normal(M_loc, M_scale).to_event(2))
 
 
 def hlogreg_data(rng, N=500, D=5, K=3, L=3):
@@ -150,9 +95,9 @@ def hlogreg_data(rng, N=500, D=5, K=3, L=3):
 
 MODELS = {
     # name: (model, guide, batch size, learning rate)
-    "vae": (vae_model, vae_guide, 128, 1e-3),
-    "logreg": (logreg_model, logreg_guide, 256, 1e-3),
-    "hlogreg": (hlogreg_model, hlogreg_guide, 100, 1e-3),
+    "vae": (VAE_MODEL, VAE_GUIDE, 128, 1e-3),
+    "logreg": (logistic_regression_model, logistic_regression_guide, 256, 1e-3),
+    "hlogreg": (hierarchical_logistic_regression_model, hierarchical_logistic_regression_guide, 100, 1e-3),
 }
 
 
@@ -191,8 +136,8 @@ class Config:
         t0 = time.perf_counter()
         self.compiled = fn.lower(state, *batch).compile()
         self.compile_s = time.perf_counter() - t0
-        # the strategy chosen while tracing (DPSVI only)
-        self.chosen = gradients.last_choice() if info.get("what") == "DPSVI" else None
+        # the strategy the DPSVI chose while tracing its update (DPSVI only)
+        self.chosen = update.__self__.strategy_choice if info.get("what") == "DPSVI" else None
         try:
             self.temp = int(self.compiled.memory_analysis().temp_size_in_bytes)
         except Exception:  # noqa: BLE001 - not every backend reports it

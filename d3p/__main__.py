@@ -18,9 +18,11 @@ module or in the command's own module) and append it to :data:`COMMANDS`.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import Callable, List, Optional, Sequence
+
+from d3p import _validate
+from d3p.accounting import Relation, Sampler
 
 __all__ = [
     "COMMANDS",
@@ -37,56 +39,29 @@ __all__ = [
 # argument's name and exit status 2
 # ---------------------------------------------------------------------------
 
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
-def _positive(text: str) -> float:
-    x = _number(text)
-    if not (x > 0 and math.isfinite(x)):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return x
+_positive = _validate.cli(_validate.positive)
+_non_negative = _validate.cli(_validate.non_negative)
+_open_unit = _validate.cli(_validate.open_unit)
+_probability = _validate.cli(_validate.probability)
+_steps = _validate.cli(_validate.integer, minimum=1, integral=True)
 
 
-def _non_negative(text: str) -> float:
-    x = _number(text)
-    if not (x >= 0 and math.isfinite(x)):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return x
+def _name_of(kind: Callable) -> Callable[[str], object]:
+    """An ``argparse`` ``type=`` for a name that ``kind`` (:class:`Relation`
+    or :class:`Sampler`) looks up, with every spelling it accepts."""
+
+    def parse(text: str):
+        try:
+            return kind(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parse.__name__ = kind.__name__.lower()
+    return parse
 
 
-def _open_unit(text: str) -> float:
-    x = _number(text)
-    if not 0 < x < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
-    return x
-
-
-def _probability(text: str) -> float:
-    x = _number(text)
-    if not 0 < x <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return x
-
-
-def _steps(text: str) -> int:
-    x = _number(text)
-    if not (math.isfinite(x) and x == int(x) and x >= 1):
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return int(x)
-
-
-def _relation(text: str) -> str:
-    from d3p.accounting import normalize_relation
-
-    try:
-        return normalize_relation(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'add-remove' or 'substitute', got {text!r}") from None
+_relation = _name_of(Relation)
+_sampler = _name_of(Sampler)
 
 
 _RELATION_HELP = (
@@ -105,7 +80,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="sampling probability / ratio B/N, in (0, 1]")
     p.add_argument("--steps", type=_steps, required=True, metavar="T",
                    help="number of steps (iterations) T >= 1")
-    p.add_argument("--sampling", choices=("poisson", "fixed"), default=None, help=_SAMPLING_HELP)
+    p.add_argument("--sampling", type=_sampler, default=None, metavar="{poisson,fixed}", help=_SAMPLING_HELP)
     p.add_argument("--relation", type=_relation, default=None, metavar="{add-remove,substitute}",
                    help=_RELATION_HELP)
     p.add_argument("--accountant", choices=("fourier", "rdp", "pld"), default="fourier",
@@ -131,34 +106,42 @@ def _display(acc) -> str:
 # ---------------------------------------------------------------------------
 
 
+def _evaluate(parser: argparse.ArgumentParser, compute: Callable, *args, **kwargs):
+    """``compute(*args, **kwargs)``, with a ValueError (a value the
+    accountant refuses) or an ImportError (a missing optional dependency)
+    reported as a usage error."""
+    try:
+        return compute(*args, **kwargs)
+    except (ValueError, ImportError) as e:
+        parser.error(str(e))
+
+
 def _run_sigma(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     acc = _accounting(args, parser)
-    try:
-        sigma, eps, _ = acc.calibrate(args.epsilon, args.delta, args.q, args.steps, accountant=args.accountant)
-    except ValueError as e:
-        parser.error(str(e))
-    except ImportError as e:
-        parser.error(str(e))
+    sigma, eps, _ = _evaluate(parser, acc.calibrate, args.epsilon, args.delta, args.q, args.steps,
+                              accountant=args.accountant)
     print(f"sigma={sigma:.6g} (epsilon={eps:.6g} <= {args.epsilon:g} at delta={args.delta:g}, "
           f"q={args.q:g}, steps={args.steps}, relation={_display(acc)}, "
           f"accountant={args.accountant})")
     return 0
 
 
+def _add_command(subparsers, name: str, func: Callable) -> argparse.ArgumentParser:
+    """Adds the accounting command ``name`` (texts in :data:`_COMMAND_TEXTS`):
+    its first option, ``--delta``, the options of :func:`_add_common`, and the
+    defaults ``func`` and ``command_parser``."""
+    (flag, kind, text), delta_help, help_text, description = _COMMAND_TEXTS[name]
+    p = subparsers.add_parser(name, help=help_text, description=description)
+    p.add_argument(flag, type=kind, required=True, help=text)
+    p.add_argument("--delta", type=_open_unit, required=True, help=delta_help)
+    _add_common(p)
+    p.set_defaults(func=func, command_parser=p)
+    return p
+
+
 def register_sigma(subparsers) -> argparse.ArgumentParser:
     """Adds the ``sigma`` command: calibrate σ for a target (ε, δ)."""
-    p = subparsers.add_parser(
-        "sigma",
-        help="smallest noise multiplier sigma meeting a target (epsilon, delta)",
-        description="Smallest noise multiplier sigma for which T steps with sampling "
-                    "probability q are (epsilon, delta)-DP. Prints sigma and the epsilon it "
-                    "achieves. Choose delta well below 1/N.",
-    )
-    p.add_argument("--epsilon", type=_positive, required=True, help="target epsilon > 0")
-    p.add_argument("--delta", type=_open_unit, required=True, help="target delta in (0, 1)")
-    _add_common(p)
-    p.set_defaults(func=_run_sigma, command_parser=p)
-    return p
+    return _add_command(subparsers, "sigma", _run_sigma)
 
 
 # ---------------------------------------------------------------------------
@@ -168,12 +151,7 @@ def register_sigma(subparsers) -> argparse.ArgumentParser:
 
 def _run_epsilon(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     acc = _accounting(args, parser)
-    try:
-        eps = acc.epsilon(args.sigma, args.q, args.steps, args.delta, accountant=args.accountant)
-    except ValueError as e:
-        parser.error(str(e))
-    except ImportError as e:
-        parser.error(str(e))
+    eps = _evaluate(parser, acc.epsilon, args.sigma, args.q, args.steps, args.delta, accountant=args.accountant)
     print(f"epsilon={eps:.6g} (sigma={args.sigma:g}, q={args.q:g}, steps={args.steps}, "
           f"delta={args.delta:g}, relation={_display(acc)}, accountant={args.accountant})")
     return 0
@@ -181,17 +159,21 @@ def _run_epsilon(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
 def register_epsilon(subparsers) -> argparse.ArgumentParser:
     """Adds the ``epsilon`` command: ε of a run with given (σ, q, T, δ)."""
-    p = subparsers.add_parser(
-        "epsilon",
-        help="epsilon spent by T steps with noise multiplier sigma",
-        description="Epsilon at delta for T steps of the subsampled Gaussian mechanism "
-                    "with noise multiplier sigma and sampling probability q.",
-    )
-    p.add_argument("--sigma", type=_non_negative, required=True, help="noise multiplier sigma >= 0")
-    p.add_argument("--delta", type=_open_unit, required=True, help="delta in (0, 1)")
-    _add_common(p)
-    p.set_defaults(func=_run_epsilon, command_parser=p)
-    return p
+    return _add_command(subparsers, "epsilon", _run_epsilon)
+
+
+#: Per accounting command: its first option (flag, type, help), the help of
+#: --delta, and the command's help and description.
+_COMMAND_TEXTS = {
+    "sigma": (("--epsilon", _positive, "target epsilon > 0"), "target delta in (0, 1)",
+              "smallest noise multiplier sigma meeting a target (epsilon, delta)",
+              "Smallest noise multiplier sigma for which T steps with sampling probability q are (epsilon, "
+              "delta)-DP. Prints sigma and the epsilon it achieves. Choose delta well below 1/N."),
+    "epsilon": (("--sigma", _non_negative, "noise multiplier sigma >= 0"), "delta in (0, 1)",
+                "epsilon spent by T steps with noise multiplier sigma",
+                "Epsilon at delta for T steps of the subsampled Gaussian mechanism with noise multiplier "
+                "sigma and sampling probability q."),
+}
 
 
 def register_twin(subparsers) -> argparse.ArgumentParser:

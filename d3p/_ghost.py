@@ -444,43 +444,77 @@ def gram_bound(A, D, sum_depth: int):
     g = gradients
     acc = g._acc_dtype(A.dtype, D.dtype)
     rnd = g._rounding(acc, A.dtype, D.dtype)
-    B, R, n_in = A.shape
+    _, R, n_in = A.shape
     n_out = D.shape[2]
     A, D = A.astype(acc), D.astype(acc)
     share = np.asarray(g._gamma(sum_depth + 2, rnd) * (1 + 1e-3), acc)
     # the Gram form's error bound (relative to T²) grows with the sizes; where
     # it could not beat the triangle bound, T alone is the bound
     if R == 1 or (n_in + n_out + 2 * R + 2) * rnd.u > 1e-2:
-        # in real units: row norms (overflow-safe), T = Σ_r ‖a_r‖‖d_r‖
-        na, nd = g._norm_bound(A), g._norm_bound(D)  # (B, R)
-        T = g._up(jnp.sum(na * nd, axis=1), R, rnd)
-        M = g._up(T + share * T, 2, rnd)
-        sum_a = g._up(jnp.sum(na, axis=1), R - 1, rnd)
-        sum_d = g._up(jnp.sum(nd, axis=1), R - 1, rnd)
+        M, sum_a, sum_d = _triangle_bound(A, D, share, rnd)
     else:
-        # in units scaled by powers of two (exact), largest entries in [1, 4)
-        sa = g._scale_exponent(jnp.max(jnp.abs(A), axis=(1, 2)))
-        sd = g._scale_exponent(jnp.max(jnp.abs(D), axis=(1, 2)))
-        An = A * g._pow2(sa, acc)[:, None, None]
-        Dn = D * g._pow2(sd, acc)[:, None, None]
-        na = g._scaled_norm_bound(An, 1, rnd)  # (B, R)
-        nd = g._scaled_norm_bound(Dn, 1, rnd)
-        T = g._up(jnp.sum(na * nd, axis=1), R, rnd)
-        hi = lax.Precision.HIGHEST
-        ga = jnp.einsum("bri,bsi->brs", An, An, precision=hi)
-        gd = jnp.einsum("bro,bso->brs", Dn, Dn, precision=hi)
-        s, depth = g._blocked_sum(ga * gd, 2)
-        gi, go = g._gamma(n_in, rnd), g._gamma(n_out, rnd)
-        c = (gi + go + gi * go + g._gamma(depth + 1, rnd) * (1 + gi) * (1 + go)) * (1 + 1e-3)
-        phi = R * R * (64.0 * n_in * n_out + 4.0) * rnd.tiny
-        sq = g._up(jnp.maximum(s, 0.0) + np.asarray(c, acc) * jnp.square(T) + np.asarray(phi, acc), 4, rnd)
-        # entries of An, Dn flushed to zero: at most 20 R sqrt(n_in n_out) tiny in the norm
-        G = g._up(jnp.sqrt(sq) + np.asarray(20.0 * R * float(np.sqrt(n_in * n_out)) * rnd.tiny, acc), 3, rnd)
-        N = jnp.minimum(G, T)
-        M = g._times_pow2(g._up(N + share * T, 2, rnd), -(sa + sd))
-        sum_a = g._times_pow2(g._up(jnp.sum(na, axis=1), R, rnd), -sa)
-        sum_d = g._times_pow2(g._up(jnp.sum(nd, axis=1), R, rnd), -sd)
-    # entries below tiny in real units (see above)
+        M, sum_a, sum_d = _gram_form_bound(A, D, share, rnd)
+    return _with_tiny_entries(M, sum_a, sum_d, R, n_in, n_out, rnd)
+
+
+def _triangle_bound(A, D, share, rnd):
+    """``(M, Σ_r ‖a_r‖, Σ_r ‖d_r‖)`` of :func:`gram_bound` from ``T`` alone, in
+    real units: row norms (overflow-safe), ``T = Σ_r ‖a_r‖‖d_r‖``."""
+    g = gradients
+    R = A.shape[1]
+    na, nd = g._norm_bound(A), g._norm_bound(D)  # (B, R)
+    T = g._up(jnp.sum(na * nd, axis=1), R, rnd)
+    M = g._up(T + share * T, 2, rnd)
+    sum_a = g._up(jnp.sum(na, axis=1), R - 1, rnd)
+    sum_d = g._up(jnp.sum(nd, axis=1), R - 1, rnd)
+    return M, sum_a, sum_d
+
+
+def _gram_form_bound(A, D, share, rnd):
+    """``(M, Σ_r ‖a_r‖, Σ_r ‖d_r‖)`` of :func:`gram_bound` from the Gram form,
+    computed in units scaled by powers of two (exact) so that the largest
+    entries of a record's ``A`` and ``D`` lie in [1, 4)."""
+    g = gradients
+    R = A.shape[1]
+    An, sa, _ = g._unit_scaled(A, 2)
+    Dn, sd, _ = g._unit_scaled(D, 2)
+    na = g._scaled_norm_bound(An, 1, rnd)  # (B, R)
+    nd = g._scaled_norm_bound(Dn, 1, rnd)
+    T = g._up(jnp.sum(na * nd, axis=1), R, rnd)
+    N = jnp.minimum(_gram_norm_bound(An, Dn, T, rnd), T)
+    M = g._times_pow2(g._up(N + share * T, 2, rnd), -(sa + sd))
+    sum_a = g._times_pow2(g._up(jnp.sum(na, axis=1), R, rnd), -sa)
+    sum_d = g._times_pow2(g._up(jnp.sum(nd, axis=1), R, rnd), -sd)
+    return M, sum_a, sum_d
+
+
+def _gram_norm_bound(An, Dn, T, rnd):
+    """Upper bound of the exact norm of ``AnᵀDn`` per record (scaled units): the
+    computed Gram form ``s = Σ_uv (a_u·a_v)(d_u·d_v)`` plus its rounding error
+    (at most ``c T²``, see :func:`gram_bound`) and results flushed below the
+    smallest normal number."""
+    g = gradients
+    _, R, n_in = An.shape
+    n_out = Dn.shape[2]
+    acc = An.dtype
+    hi = lax.Precision.HIGHEST
+    ga = jnp.einsum("bri,bsi->brs", An, An, precision=hi)
+    gd = jnp.einsum("bro,bso->brs", Dn, Dn, precision=hi)
+    s, depth = g._blocked_sum(ga * gd, 2)
+    gi, go = g._gamma(n_in, rnd), g._gamma(n_out, rnd)
+    c = (gi + go + gi * go + g._gamma(depth + 1, rnd) * (1 + gi) * (1 + go)) * (1 + 1e-3)
+    phi = R * R * (64.0 * n_in * n_out + 4.0) * rnd.tiny
+    sq = g._up(jnp.maximum(s, 0.0) + np.asarray(c, acc) * jnp.square(T) + np.asarray(phi, acc), 4, rnd)
+    # entries of An, Dn flushed to zero: at most 20 R sqrt(n_in n_out) tiny in the norm
+    return g._up(jnp.sqrt(sq) + np.asarray(20.0 * R * float(np.sqrt(n_in * n_out)) * rnd.tiny, acc), 3, rnd)
+
+
+def _with_tiny_entries(M, sum_a, sum_d, R, n_in, n_out, rnd):
+    """``(M, E)`` of :func:`gram_bound`: ``M`` increased by what entries below the
+    smallest normal number (in real units) can change, ``E`` what ``f A``
+    flushed to zero can; both ``inf`` unless finite."""
+    g = gradients
+    acc = M.dtype
     t_in = np.asarray(2.0 * np.sqrt(n_in) * rnd.tiny, acc)
     t_out = np.asarray(2.0 * np.sqrt(n_out) * rnd.tiny, acc)
     two_tiny = np.asarray(2.0 * rnd.tiny, acc)
@@ -525,15 +559,27 @@ def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clipping_t
 
     Each record's clipping factor comes from :func:`d3p.gradients._clip_factor`
     applied to one bound over all leaves: :func:`gram_bound` for ghost leaves,
-    :func:`d3p.gradients._norm_bound` of the exact per-record gradient for the
-    others (each including its share of the rounding of the sum over records),
+    :func:`d3p.gradients._record_bound` of the exact per-record gradients of
+    the others (each including its share of the rounding of the sum over records),
     so that what is added for the record, including rounding, has norm at most
     ``C``. Records with mask False or a non-finite bound contribute exactly
     zero (``where``, so their ``nan`` never reaches the sum). Every product
     that feeds a bound or the sum runs at ``Precision.HIGHEST``.
     """
-    B = mask.shape[0]
-    ghost, residual = plan.ghost_leaves, plan.residual_leaves
+    dtypes = [jnp.result_type(x) for x in param_leaves]
+    losses, leaf_rows, res_grads = _ghost_pass(plan, param_leaves, record_leaves, mask.shape[0])
+    norms, abs_err = _ghost_bounds(plan, leaf_rows, res_grads, param_leaves, sum_depth, mask.shape[0])
+    factor, keep = gradients._clip_decision(norms, clipping_threshold, abs_err, dtypes, mask)
+    summed = _ghost_sums(plan, leaf_rows, res_grads, param_leaves, factor, keep)
+    return (jax.tree.unflatten(p_def, summed),) + gradients._real_only(mask, losses, norms)
+
+
+def _ghost_pass(plan: Plan, param_leaves, record_leaves, B: int):
+    """The batched forward and backward pass over ``B`` records:
+    ``(losses, rows, residual gradients)`` with, per ghost leaf, ``rows`` the
+    pair ``(A, D)`` of shapes (B, R, n_in) and (B, R, n_out) over all its uses,
+    and the exact per-record gradients of the residual leaves."""
+    residual = plan.residual_leaves
     const_leaves = list(param_leaves)
     # one perturbation per product (a product of two ghost leaves serves both)
     dots = sorted({u.eqn for us in plan.uses for u in us})
@@ -552,53 +598,61 @@ def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clipping_t
     (losses, xs), (deltas, res_grads) = jax.vmap(grad_fn, in_axes=(0, None, 0))(
         perts, res_vals, record_leaves
     )
-
-    dtypes = [jnp.result_type(x) for x in param_leaves]
-    acc = gradients._acc_dtype(*dtypes)
-    rnd = gradients._rounding(acc, *dtypes)
-    bounds, abs_errs = [], []  # per leaf, shape (B,)
-    leaf_rows = []
     index = {k: j for j, k in enumerate(dots)}
-    for us in plan.uses:
-        As, Ds = [], []
-        for u in us:
-            j = index[u.eqn]
-            other = xs[j][1 - u.side]  # the operand that is not the leaf
-            A, D = jax.vmap(lambda x, d, u=u: canonical_rows(u, x, d))(other, deltas[j])
-            As.append(A)
-            Ds.append(D)
-        A = jnp.concatenate(As, axis=1) if len(As) > 1 else As[0]
-        D = jnp.concatenate(Ds, axis=1) if len(Ds) > 1 else Ds[0]
-        leaf_rows.append((A, D))
+    return losses, [_leaf_rows(us, xs, deltas, index) for us in plan.uses], res_grads
+
+
+def _leaf_rows(uses: Sequence[GhostUse], xs, deltas, index):
+    """``(A, D)`` of one ghost leaf: the canonical rows of all its uses, per record."""
+    As, Ds = [], []
+    for u in uses:
+        j = index[u.eqn]
+        other = xs[j][1 - u.side]  # the operand that is not the leaf
+        A, D = jax.vmap(lambda x, d, u=u: canonical_rows(u, x, d))(other, deltas[j])
+        As.append(A)
+        Ds.append(D)
+    A = jnp.concatenate(As, axis=1) if len(As) > 1 else As[0]
+    D = jnp.concatenate(Ds, axis=1) if len(Ds) > 1 else Ds[0]
+    return A, D
+
+
+def _ghost_bounds(plan: Plan, leaf_rows, res_grads, param_leaves, sum_depth, B: int):
+    """``(norms, abs_err)`` per record for :func:`d3p.gradients._clip_decision`:
+    one bound over all leaves (:func:`gram_bound` per ghost leaf,
+    :func:`d3p.gradients._record_bound` of the residual gradients), each
+    including its share of the rounding of the sum over records, and the
+    absolute error that does not scale with the clip factor."""
+    g = gradients
+    dtypes = [jnp.result_type(x) for x in param_leaves]
+    acc = g._acc_dtype(*dtypes)
+    rnd = g._rounding(acc, *dtypes)
+    bounds, abs_errs = [], []  # per part, shape (B,)
+    for A, D in leaf_rows:
         M, E = gram_bound(A, D, sum_depth(A.shape[1]))
         bounds.append(M.astype(acc))
         abs_errs.append(E.astype(acc))
-    res_size = 0
-    for grad in res_grads:
-        norm = gradients._norm_bound(gradients._rows(grad)).astype(acc)
-        bounds.append(gradients._up(norm, sum_depth(1), rnd))
-        res_size += gradients._rows(grad).shape[1]
-    norms = gradients._norm_bound(jnp.stack(bounds, axis=1)) if bounds else jnp.zeros((B,), acc)
-    res_dtypes = [jnp.result_type(param_leaves[i]) for i in residual]
-    abs_err = jnp.asarray(gradients._flush_slack(res_size, res_dtypes), acc) + sum(abs_errs)
-    abs_err = gradients._up(abs_err, len(abs_errs), rnd)
-    factor = gradients._clip_factor(norms, clipping_threshold, abs_err, dtypes)
-    # a factor > 0 implies finite bounds; testing the factor (not the bounds)
-    # keeps the chain that XLA may recompute for every entry short
-    keep = mask & (factor > 0)
+    if res_grads:
+        bounds.append(g._record_bound(res_grads, sum_depth(1)).astype(acc))
+    norms = g._norm_bound(jnp.stack(bounds, axis=1)) if bounds else jnp.zeros((B,), acc)
+    res_size = sum(g._rows(grad).shape[1] for grad in res_grads)
+    res_dtypes = [jnp.result_type(param_leaves[i]) for i in plan.residual_leaves]
+    abs_err = jnp.asarray(g._flush_slack(res_size, res_dtypes), acc) + sum(abs_errs)
+    return norms, g._up(abs_err, len(abs_errs), rnd)
 
+
+def _ghost_sums(plan: Plan, leaf_rows, res_grads, param_leaves, factor, keep):
+    """The clipped sum per parameter leaf: ``(f A)ᵀ D`` over all records and rows
+    for ghost leaves, the sum of clipped exact gradients for the others; every
+    product at ``Precision.HIGHEST``; records with ``keep`` False add exactly 0."""
+    g = gradients
     summed = list(param_leaves)
-    for g, leaf in enumerate(ghost):
-        A, D = leaf_rows[g]
-        cA = jnp.where(keep[:, None, None], A * factor[:, None, None].astype(A.dtype), 0.0)
-        D0 = jnp.where(keep[:, None, None], D, 0.0)
+    for j, leaf in enumerate(plan.ghost_leaves):
+        A, D = leaf_rows[j]
+        cA, D0 = g._keep_records(A, keep, factor), g._keep_records(D, keep)
         dtype = jnp.result_type(cA.dtype, D0.dtype)
         G = jnp.einsum("bri,bro->io", cA.astype(dtype), D0.astype(dtype), precision=lax.Precision.HIGHEST)
-        summed[leaf] = to_leaf(plan, g, G, param_leaves[leaf])
-    for leaf, grad in zip(residual, res_grads):
-        k = keep.reshape((-1,) + (1,) * (grad.ndim - 1))
-        f = factor.reshape(k.shape).astype(grad.dtype)
-        summed[leaf] = jnp.sum(jnp.where(k, grad * f, 0.0), axis=0).astype(param_leaves[leaf].dtype)
-    losses = jnp.where(mask, losses, 0.0)
-    norms = jnp.where(mask, norms, 0.0)
-    return jax.tree.unflatten(p_def, summed), losses, norms
+        summed[leaf] = to_leaf(plan, j, G, param_leaves[leaf])
+    for leaf, grad in zip(plan.residual_leaves, res_grads):
+        clipped = g._keep_records(grad, keep, factor)
+        summed[leaf] = jnp.sum(clipped, axis=0).astype(param_leaves[leaf].dtype)
+    return summed

@@ -21,85 +21,106 @@ Pick the function that matches the batch sampler of the run:
 
 from __future__ import annotations
 
+from __future__ import annotations
+
 import math
 import time
-from typing import Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
-import numpy as np
-
+from d3p import _validate
 from d3p import accounting as _acc
+from d3p._accounting import _engine, _fourier, _gaussian, _package, _rdp
+from d3p._accounting._search import safe_root
 from d3p.accounting import ADD_REMOVE, SUBSTITUTE, Phase
 
 __all__ = ["calibrate_sigma", "approximate_sigma", "approximate_sigma_remove_relation"]
 
 
-def _check_target_eps(value) -> float:
-    x = _acc._as_float("target_eps", value)
-    if not (x > 0 and math.isfinite(x)):
-        raise ValueError(f"Expected target_eps > 0 and finite, got target_eps={value!r}")
-    return x
-
-
-def _check_positive(name: str, value) -> float:
-    x = _acc._as_float(name, value)
-    if not (x > 0 and math.isfinite(x)):
-        raise ValueError(f"Expected {name} > 0 and finite, got {name}={value!r}")
-    return x
-
-
-def _clt_variance(relation: str, sigma: float, q: float) -> float:
+def _clt_variance(pair: str, sigma: float, q: float) -> float:
     """Small-q approximation of the variance of the one-step privacy loss."""
     a = 1.0 / (sigma * sigma)
     if a > 600:
         return math.inf
-    if relation == ADD_REMOVE:
+    if pair == ADD_REMOVE:
         return q * q * math.expm1(a)
     return 4.0 * q * q * math.sinh(a)
 
 
-def _clt_epsilon(relation: str, sigma: float, q: float, num_iter: int, delta: float) -> float:
+def _clt_epsilon(pair: str, sigma: float, q: float, num_iter: int, delta: float) -> float:
     """Central-limit (Gaussian) approximation of ε; used only as a start."""
     if q == 1.0:
-        var = (_acc._SENSITIVITY[relation] / sigma) ** 2
+        var = (_gaussian.SENSITIVITY[pair] / sigma) ** 2
     else:
-        var = _clt_variance(relation, sigma, q)
+        var = _clt_variance(pair, sigma, q)
     if not math.isfinite(var):
         return math.inf
-    return _acc._gaussian_epsilon(math.sqrt(num_iter * var), delta)
+    return _gaussian.epsilon(math.sqrt(num_iter * var), delta)
 
 
-def _bisect_log_sigma(eps_fn, target: float, lo: float = 1e-3, hi: float = 1e5, iters: int = 60) -> float:
-    """Smallest σ in [lo, hi] (up to bisection accuracy) with eps_fn(σ) ≤ target,
-    assuming eps_fn decreasing. Returns the feasible end."""
-    if eps_fn(hi) > target:
-        return hi
-    if eps_fn(lo) <= target:
-        return lo
+def _smallest_sigma(eps_fn: Callable[[float], float], target: float, lo: float, hi: float,
+                    log_tol: float) -> float:
+    """Smallest σ in [lo, hi] with eps_fn(σ) ≤ target, for eps_fn decreasing,
+    to ``log_tol`` in log σ and never below it; ``hi`` if even that misses."""
+    values = {}
+
+    def excess(u: float) -> float:
+        if u not in values:
+            values[u] = eps_fn(math.exp(u)) - target
+        return values[u]
+
     a, b = math.log(lo), math.log(hi)
-    for _ in range(iters):
-        m = 0.5 * (a + b)
-        if eps_fn(math.exp(m)) > target:
-            a = m
-        else:
-            b = m
-        if b - a < 1e-7:
-            break
-    return math.exp(b)
+    if excess(b) > 0:
+        return hi
+    return math.exp(safe_root(excess, a, b, xtol=log_tol))
 
 
-def _coarse_search(relation, q, num_iter, delta, target_eps, s0, aim, slope, state, deadline,
-                   max_steps: int = 8):
-    """Secant search on log σ with :func:`d3p.accounting._fourier_estimate`;
-    returns (σ, slope) to start the verified search from."""
+class _Verified:
+    """The verified accountant for one search: ε of σ, with the number of FFT
+    compositions made and the grid that certified the last value."""
+
+    def __init__(self, pair: str, q: float, num_iter: int, delta: float, accountant: str, deadline: float):
+        self.pair, self.q, self.num_iter, self.delta = pair, q, num_iter, delta
+        self.accountant, self.deadline = accountant, deadline
+        self.evals = 0
+        self.grid = None
+
+    def __call__(self, sigma: float) -> float:
+        """ε of σ (the cross-check with the fourier-accountant package is made
+        once, for the σ that is returned, on the grid that certified it)."""
+        grid = {}
+        res = _engine.epsilon(self.pair, [Phase(sigma, self.q, self.num_iter)], self.delta, self.accountant,
+                              deadline=self.deadline, package_check=False, grid_out=grid)
+        self.evals += res.num_evals
+        self.grid = grid if res.engine == "exact" else None
+        return res.value
+
+
+def _secant_slope(pts, slope: float) -> float:
+    """d log ε / d log σ from the last two finite points, bounded to [-20, -0.2]
+    (``slope`` where they do not give a decreasing secant)."""
+    if len(pts) >= 2:
+        (u1, g1), (u2, g2) = pts[-2], pts[-1]
+        if math.isfinite(g1) and math.isfinite(g2) and u1 != u2 and g1 != g2:
+            s = (g2 - g1) / (u2 - u1)
+            if s < 0:
+                slope = max(min(s, -0.2), -20.0)
+    return slope
+
+
+def _coarse_search(verified: _Verified, target_eps, s0, aim, slope, max_steps: int = 8):
+    """Secant search on log σ with unverified one-grid estimates
+    (:func:`d3p._accounting._fourier.estimate`); returns (σ, slope) to start
+    the verified search from."""
     u, pts = math.log(s0), []
     for _ in range(max_steps):
-        if time.monotonic() > deadline:
+        if time.monotonic() > verified.deadline:
             break
         try:
-            e = _acc._fourier_estimate(relation, [Phase(math.exp(u), q, num_iter)], delta)
+            e = _fourier.estimate(verified.pair, [Phase(math.exp(u), verified.q, verified.num_iter)],
+                                  verified.delta)
         except (ValueError, FloatingPointError, OverflowError, MemoryError):  # pragma: no cover
             e = None
-        state["evals"] += 1
+        verified.evals += 1
         if e is None:
             break
         g = math.log(e / target_eps) if e > 0 else -math.inf
@@ -107,16 +128,83 @@ def _coarse_search(relation, q, num_iter, delta, target_eps, s0, aim, slope, sta
         if not math.isfinite(g):
             u += -1.0 if g < 0 else 1.0
             continue
-        if len(pts) >= 2:
-            (u1, g1), (u2, g2) = pts[-2], pts[-1]
-            if math.isfinite(g1) and u1 != u2 and g1 != g2:
-                s = (g2 - g1) / (u2 - u1)
-                if s < 0:
-                    slope = max(min(s, -0.2), -20.0)
+        slope = _secant_slope(pts, slope)
         if abs(g - aim) <= 0.25 * abs(aim):
             break
         u += max(min((aim - g) / slope, 2.0), -2.0)
     return math.exp(u), slope
+
+
+class _Found(NamedTuple):
+    """The smallest σ a verified search accepted, with its ε and certifying grid."""
+
+    sigma: float
+    eps: float
+    grid: Optional[dict]
+
+
+def _next_u(u: float, g: float, slope: float, aim: float, lo, hi) -> float:
+    """The next log σ: a secant step towards ``aim`` (at most 2), kept inside
+    the bracket (lo infeasible, hi feasible) and 5% of its width from its ends
+    (no creeping)."""
+    step = (aim - g) / slope if math.isfinite(g) else (-1.0 if g < 0 else 1.0)  # ε = 0: far too much noise
+    u_new = u + max(min(step, 2.0), -2.0)
+    if lo is not None and hi is not None:
+        if not (lo[0] < u_new < hi[0]):
+            u_new = 0.5 * (lo[0] + hi[0])
+        w = hi[0] - lo[0]
+        u_new = min(max(u_new, lo[0] + 0.05 * w), hi[0] - 0.05 * w)
+    return u_new
+
+
+def _verified_search(verified: _Verified, target_eps, s0, slope, tol, max_evals) -> Optional[_Found]:
+    """Search on u = log σ for g(u) = log(ε(σ) / target) = 0 with the
+    verified accountant, aiming slightly below the target and keeping a
+    bracket [lo (infeasible), hi (feasible)]; stops once ε is within ``tol``
+    below the target or σ is bracketed to a relative ``tol``. None if no
+    evaluated σ meets the target."""
+    aim, accept = math.log1p(-tol / 2), math.log1p(-tol)
+    lo = hi = found = None          # (u, g)
+    pts = []
+    u = math.log(s0)
+    for _ in range(max_evals):
+        e = verified(math.exp(u))
+        g = math.log(e / target_eps) if e > 0 else -math.inf
+        pts.append((u, g))
+        if g <= 0:
+            if hi is None or u < hi[0]:
+                hi, found = (u, g), _Found(math.exp(u), e, verified.grid)
+        elif lo is None or u > lo[0]:
+            lo = (u, g)
+        if hi is not None and (hi[1] >= accept or (lo is not None and hi[0] - lo[0] <= math.log1p(tol))):
+            break  # (also when numerical noise inverted the bracket)
+        if time.monotonic() > verified.deadline or verified.evals >= max_evals:
+            break
+        slope = _secant_slope(pts, slope)
+        u = _next_u(u, g, slope, aim, lo, hi)
+    return found
+
+
+def _rdp_calibration(pair, target_eps, delta, q, num_iter, s0, tol) -> Tuple[float, float, int]:
+    """(σ, ε, evaluations) calibrated with the RDP bound (rigorous, cheap)."""
+    evals = {}
+
+    def rdp_fn(s: float) -> float:
+        if s not in evals:
+            evals[s] = _rdp.epsilon(pair, [Phase(s, q, num_iter)], delta)
+        return evals[s]
+
+    lo, hi = s0 / 2, s0 * 2
+    while rdp_fn(hi) > target_eps and hi < 1e8:
+        lo, hi = hi, hi * 4
+    while rdp_fn(lo) <= target_eps and lo > 1e-8:
+        lo, hi = lo / 4, lo
+    sigma = _smallest_sigma(rdp_fn, target_eps, lo, hi, 0.5 * math.log1p(tol))
+    for _ in range(64):
+        if rdp_fn(sigma) <= target_eps:
+            break
+        sigma *= 2
+    return sigma, rdp_fn(sigma), len(evals)
 
 
 def _calibrate(
@@ -136,159 +224,63 @@ def _calibrate(
     The search runs on the noise multiplier of the composed pair, σ /
     ``accounting.noise_divisor``; the σ returned is that times the divisor.
     """
-    target_eps = _check_target_eps(target_eps)
-    delta = _acc._check_delta(delta)
-    q = _acc._check_q(q)
-    num_iter = _acc._check_steps(num_iter, "num_iter", minimum=1)
-    tol = _check_positive("tol", tol)
-    if tol >= 0.5:
-        raise ValueError(f"Expected tol in (0, 0.5), got tol={tol!r}")
-    max_time = _check_positive("max_time", max_time)
-    max_evals = _acc._check_steps(max_evals, "max_evals", minimum=1)
-    accountant = _acc._check_accountant(accountant)
+    target_eps = _validate.positive("target_eps", target_eps)
+    delta = _validate.open_unit("delta", delta)
+    q = _validate.probability("q", q)
+    num_iter = _acc._steps("num_iter", num_iter, minimum=1)
+    tol = _validate.number("tol", tol, low=0.0, high=0.5, low_open=True, high_open=True)
+    max_time = _validate.positive("max_time", max_time)
+    max_evals = _acc._steps("max_evals", max_evals, minimum=1)
+    accountant = _acc._accountant(accountant)
     sigma, eps, evals = _calibrate_pair(accounting.pair, target_eps, delta, q, num_iter, tol=tol,
                                         max_time=max_time, max_evals=max_evals, accountant=accountant)
     return sigma * accounting.noise_divisor, eps, evals
 
 
-def _calibrate_pair(relation, target_eps, delta, q, num_iter, *, tol, max_time, max_evals, accountant):
-    """:func:`_calibrate` for the composed pair ``relation`` (validated inputs)."""
+def _calibrate_pair(pair, target_eps, delta, q, num_iter, *, tol, max_time, max_evals, accountant):
+    """(σ, ε, evaluations) of the smallest noise multiplier σ of the composed
+    ``pair`` that meets (``target_eps``, ``delta``), for validated inputs.
+
+    No noise if the record is used with probability ≤ δ; q = 1 by the closed
+    form; otherwise a central-limit start, a coarse search on cheap estimates
+    (Fourier accountant), then the verified search, whose σ is cross-checked
+    with the fourier-accountant package on its certifying grid. Where no σ
+    is verified (budget, disagreement), the RDP calibration is returned.
+    """
     # σ = 0 already meets the target if the record is used with prob. ≤ δ.
     if -math.expm1(num_iter * math.log1p(-q) if q < 1 else -math.inf) <= delta:
         return 0.0, 0.0, 0
-
     if q == 1.0:
         # Gaussian mechanism: exact. ε is increasing in μ = Δ sqrt(T) / σ.
-        scale = _acc._SENSITIVITY[relation] * math.sqrt(num_iter)
-        lo, hi = 0.0, 1.0
-        while _acc._gaussian_epsilon(hi, delta) <= target_eps:
-            lo, hi = hi, hi * 2
-        for _ in range(200):
-            mid = 0.5 * (lo + hi)
-            if _acc._gaussian_epsilon(mid, delta) <= target_eps:
-                lo = mid
-            else:
-                hi = mid
-            if hi - lo <= 1e-12 * hi:
-                break
-        lo = max(lo, 1e-300)
-        return scale / lo, float(_acc._gaussian_epsilon(lo, delta)), 1
-
-    deadline = time.monotonic() + max_time
-    state = {"evals": 0, "grid": None}
-
-    def eps_of(sigma: float) -> float:
-        # the cross-check with the fourier-accountant package is done once,
-        # for the σ that is returned, on the grid that certified it
-        grid = {}
-        eps, n, engine, _ = _acc._epsilon_impl(
-            relation, [Phase(sigma, q, num_iter)], delta, accountant,
-            deadline=deadline, package_check=False, grid_out=grid,
-        )
-        state["evals"] += n
-        state["grid"] = grid if engine == "exact" else None
-        return eps
-
-    # Starting point: central-limit approximation (cheap, closed form).
-    s0 = _bisect_log_sigma(lambda s: _clt_epsilon(relation, s, q, num_iter, delta), target_eps)
-    aim = math.log1p(-tol / 2)
-    accept = math.log1p(-tol)
+        mu = _gaussian.largest_mu(target_eps, delta)
+        scale = _gaussian.SENSITIVITY[pair] * math.sqrt(num_iter)
+        return scale / mu, float(_gaussian.epsilon(mu, delta)), 1
+    verified = _Verified(pair, q, num_iter, delta, accountant, time.monotonic() + max_time)
+    s0 = _smallest_sigma(lambda s: _clt_epsilon(pair, s, q, num_iter, delta), target_eps, 1e-3, 1e5, 1e-7)
     slope = -1.5            # d log ε / d log σ, refined from the points
     if accountant == "fourier":
-        # Coarse search with cheap unverified estimates (one exact-mass grid
-        # each); only its end point is carried over, every σ returned is
-        # evaluated by the verified accountant below.
-        s0, slope = _coarse_search(relation, q, num_iter, delta, target_eps, s0, aim, slope, state, deadline)
-    # Search on u = log σ for g(u) = log(ε(σ) / target) = 0, aiming slightly
-    # below the target; keep a bracket [lo (infeasible), hi (feasible)].
-    lo = hi = None          # (u, g)
-    hi_eps = hi_grid = None
-    pts = []
-    u = math.log(s0)
-    for _ in range(max_evals):
-        e = eps_of(math.exp(u))
-        g = math.log(e / target_eps) if e > 0 else -math.inf
-        pts.append((u, g))
-        if g <= 0:
-            if hi is None or u < hi[0]:
-                hi, hi_eps, hi_grid = (u, g), e, state["grid"]
-        else:
-            if lo is None or u > lo[0]:
-                lo = (u, g)
-        if hi is not None and (hi[1] >= accept or (lo is not None and hi[0] - lo[0] <= math.log1p(tol))):
-            break  # (also when numerical noise inverted the bracket)
-        if time.monotonic() > deadline or state["evals"] >= max_evals:
-            break
-        # next point: secant on the last two finite points, else slope step
-        if len(pts) >= 2:
-            (u1, g1), (u2, g2) = pts[-2], pts[-1]
-            if math.isfinite(g1) and math.isfinite(g2) and u1 != u2 and g1 != g2:
-                s = (g2 - g1) / (u2 - u1)
-                if s < 0:
-                    slope = max(min(s, -0.2), -20.0)
-        if math.isfinite(g):
-            step = (aim - g) / slope
-        else:
-            step = -1.0 if g < 0 else 1.0   # ε = 0: far too much noise
-        step = max(min(step, 2.0), -2.0)
-        u_new = u + step
-        if lo is not None and hi is not None:
-            if not (lo[0] < u_new < hi[0]):
-                u_new = 0.5 * (lo[0] + hi[0])
-            # avoid creeping: stay at least 5% of the bracket from its ends
-            w = hi[0] - lo[0]
-            u_new = min(max(u_new, lo[0] + 0.05 * w), hi[0] - 0.05 * w)
-        u = u_new
-    if hi is not None and hi_grid is not None:
-        # a disagreement with the package: the RDP calibration below instead
-        if not _acc._package_agrees(relation, [Phase(math.exp(hi[0]), q, num_iter)], hi_eps, delta,
-                                    hi_grid["nx"], hi_grid["L"]):
-            hi = None
-    if hi is not None:
-        return math.exp(hi[0]), hi_eps, state["evals"]
-    # No feasible point within the budget: the RDP bound (rigorous, cheap).
-    n_rdp = [0]
-
-    def rdp_fn(s: float) -> float:
-        n_rdp[0] += 1
-        return _acc._rdp_epsilon(relation, [Phase(s, q, num_iter)], delta)
-
-    lo, hi = s0 / 2, s0 * 2
-    while rdp_fn(hi) > target_eps and hi < 1e8:
-        lo, hi = hi, hi * 4
-    while rdp_fn(lo) <= target_eps and lo > 1e-8:
-        lo, hi = lo / 4, lo
-    sigma = _bisect_log_sigma(rdp_fn, target_eps, lo=lo, hi=hi, iters=int(math.ceil(math.log2(
-        math.log(hi / lo) / math.log1p(tol)))) + 1)
-    eps = rdp_fn(sigma)
-    for _ in range(64):
-        if eps <= target_eps:
-            break
-        sigma *= 2
-        eps = rdp_fn(sigma)
-    return sigma, eps, state["evals"] + n_rdp[0]
+        # only the coarse search's end point is carried over: every σ
+        # returned is evaluated by the verified accountant
+        s0, slope = _coarse_search(verified, target_eps, s0, math.log1p(-tol / 2), slope)
+    found = _verified_search(verified, target_eps, s0, slope, tol, max_evals)
+    if found is not None and found.grid is not None and not _package.agrees(
+            pair, [Phase(found.sigma, q, num_iter)], found.eps, delta, found.grid["nx"], found.grid["L"]):
+        found = None   # a disagreement with the package: the RDP calibration instead
+    if found is not None:
+        return found.sigma, found.eps, verified.evals
+    sigma, eps, n_rdp = _rdp_calibration(pair, target_eps, delta, q, num_iter, s0, tol)
+    return sigma, eps, verified.evals + n_rdp
 
 
 def _compat_max_evals(maxeval, max_evals, force_smaller) -> int:
     """``max_evals``, or d3p 0.2's ``maxeval`` where given; checks ``force_smaller``."""
-    if not isinstance(force_smaller, (bool, np.bool_)):
-        raise TypeError(f"Expected force_smaller to be a bool, got force_smaller={force_smaller!r}")
-    return max_evals if maxeval is None else _acc._check_steps(maxeval, "maxeval", minimum=1)
+    _validate.boolean("force_smaller", force_smaller)
+    return max_evals if maxeval is None else _acc._steps("maxeval", maxeval, minimum=1)
 
 
-def calibrate_sigma(
-    target_eps: float,
-    delta: float,
-    q: float,
-    num_iter: int,
-    *,
-    sampler: Optional[str] = None,
-    relation: Optional[str] = None,
-    tol: float = 1e-3,
-    max_time: float = 60.0,
-    max_evals: int = 60,
-    accountant: str = "fourier",
-) -> Tuple[float, float, int]:
+def calibrate_sigma(target_eps: float, delta: float, q: float, num_iter: int, *, sampler: Optional[str] = None,
+                    relation: Optional[str] = None, tol: float = 1e-3, max_time: float = 60.0,
+                    max_evals: int = 60, accountant: str = "fourier") -> Tuple[float, float, int]:
     """Smallest noise multiplier σ for which ``num_iter`` steps with sampling
     probability ``q`` and the given sampler are (``target_eps``,
     ``delta``)-DP under the given relation.
@@ -312,19 +304,9 @@ def calibrate_sigma(
                       tol=tol, max_time=max_time, max_evals=max_evals, accountant=accountant)
 
 
-def approximate_sigma(
-    target_eps: float,
-    delta: float,
-    q: float,
-    num_iter: int,
-    tol: float = 1e-3,
-    force_smaller: bool = True,
-    *,
-    maxeval: Optional[int] = None,
-    max_time: float = 60.0,
-    max_evals: int = 60,
-    accountant: str = "fourier",
-) -> Tuple[float, float, int]:
+def approximate_sigma(target_eps: float, delta: float, q: float, num_iter: int, tol: float = 1e-3,
+                      force_smaller: bool = True, *, maxeval: Optional[int] = None, max_time: float = 60.0,
+                      max_evals: int = 60, accountant: str = "fourier") -> Tuple[float, float, int]:
     """Smallest noise multiplier σ for which ``num_iter`` steps with sampling
     ratio ``q`` are (``target_eps``, ``delta``)-DP under the **substitute**
     relation, for fixed-size batches sampled **without replacement**
@@ -398,19 +380,10 @@ def approximate_sigma(
                       max_time=max_time, max_evals=max_evals, accountant=accountant)
 
 
-def approximate_sigma_remove_relation(
-    target_eps: float,
-    delta: float,
-    q: float,
-    num_iter: int,
-    tol: float = 1e-3,
-    force_smaller: bool = True,
-    *,
-    maxeval: Optional[int] = None,
-    max_time: float = 60.0,
-    max_evals: int = 60,
-    accountant: str = "fourier",
-) -> Tuple[float, float, int]:
+def approximate_sigma_remove_relation(target_eps: float, delta: float, q: float, num_iter: int, tol: float = 1e-3,
+                                      force_smaller: bool = True, *, maxeval: Optional[int] = None,
+                                      max_time: float = 60.0, max_evals: int = 60,
+                                      accountant: str = "fourier") -> Tuple[float, float, int]:
     """Smallest noise multiplier σ for which ``num_iter`` steps with sampling
     probability ``q`` are (``target_eps``, ``delta``)-DP under the
     **add/remove** relation, for **Poisson sampling** (each record included

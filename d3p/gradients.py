@@ -6,8 +6,61 @@ DP-SGD style algorithms.
 
 Glossary: clipping threshold ``C``, noise multiplier ``sigma`` (``dp_scale``),
 batch size ``B`` (the number of record slots, real or padded).
-"""
 
+Each privacy primitive has exactly one implementation, here, which
+:func:`clip_gradient`, :func:`total_norm` and every gradient strategy
+(``"vmap"``, ``"chunked"``, ``"scan"`` and ``"ghost"``, whose ghost norms live
+in the private helper ``d3p._ghost``) use:
+
+- the overflow-safe norm bound: ``_norm_bound`` (scaling by powers of two in
+  ``_unit_scaled``, the bound of a scaled norm in ``_scaled_norm_bound``);
+  the bound of a record's gradient over all its leaves, including its share
+  of the rounding of the sum over records: ``_record_bound``; ghost norms
+  (``d3p._ghost.gram_bound``) build on ``_unit_scaled``,
+  ``_scaled_norm_bound`` and ``_norm_bound``;
+- the rounding of the sum over records: ``_sum_depth``;
+- the clip factor: ``_clip_factor`` (with ``_flush_slack``), turned into the
+  per-record decision by ``_clip_decision`` and applied by ``_keep_records``;
+- the noise standard deviation: :func:`noise_std`;
+- the noise addition: :func:`add_gaussian_noise`, the only place where
+  privacy noise is drawn.
+
+Strategies (:data:`STRATEGIES`) of :func:`clipped_grad_sum`, which all
+compute the same clipped sum up to float rounding:
+
+- ``"auto"`` (default): chosen from static information by
+  :func:`choose_strategy`;
+- ``"vmap"``: all ``B`` per-record gradients at once (whatever the memory
+  budget);
+- ``"chunked"``: ``chunk_size`` records at a time under ``lax.scan``
+  (default: as many as fit ``memory_budget_bytes``);
+- ``"scan"``: one record at a time;
+- ``"ghost"``: per-record gradient norms from the activations and output
+  gradients of the dense products in which a parameter is used
+  (``‖∂W‖² = Σ (a_u·a_v)(δ_u·δ_v)``, with a certified bound of its rounding
+  error), and the clipped sum as one matrix product over all records, never
+  forming per-record gradients of such parameters (those whose every use,
+  through reshapes and transposes, is an operand of a ``dot_general``
+  without batch dimensions); exact per-record gradients for the other
+  parameters in the same pass (all of them, if none qualifies). Chunked like
+  ``"chunked"`` when the per-record activations exceed the budget.
+
+Why the clipping bound holds (the formal guarantees of
+:func:`clipped_grad_sum` and :func:`clip_gradient`), by construction rather
+than by testing:
+
+- the norm used for clipping is an upper bound of the exact norm of the very
+  values that are then scaled and summed (per-record gradients, or under
+  ``"ghost"`` the activations and output gradients of the dense products, see
+  ``d3p._ghost.gram_bound``), computed with exact scaling by powers of two
+  and increased by the worst-case error of every rounding that produced it,
+  for any order of summation;
+- every product that feeds a bound or the sum runs at
+  ``lax.Precision.HIGHEST`` (not TF32);
+- the clipping factor leaves room for the rounding of applying it and for
+  values flushed below the smallest normal number (``_clip_factor``), and a
+  factor that would itself be below the smallest normal number is 0.
+"""
 import logging
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
@@ -18,6 +71,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 import d3p.random
+from d3p import _validate
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +86,6 @@ __all__ = [
     "STRATEGIES",
     "StrategyChoice",
     "choose_strategy",
-    "last_choice",
     "DEFAULT_MEMORY_BUDGET_BYTES",
 ]
 
@@ -207,15 +260,23 @@ def _norm_bound(x: jax.Array, naxes: int = 1) -> jax.Array:
     and small finite entries neither overflow nor underflow; within a factor
     ``1 + (sqrt(n) + 5) u`` of the exact norm.
     """
-    acc = _acc_dtype(x.dtype)
-    rnd = _rounding(acc)
-    a = jnp.abs(x.astype(acc))
-    axes = tuple(range(a.ndim - naxes, a.ndim))
-    peak = jnp.max(a, axis=axes) if a.size else jnp.zeros(a.shape[: a.ndim - naxes], acc)
-    s = _scale_exponent(peak)
-    scaled = a * _pow2(s, acc).reshape(s.shape + (1,) * naxes)
-    bound = _times_pow2(_scaled_norm_bound(scaled, naxes, rnd), -s)
+    scaled, s, peak = _unit_scaled(x, naxes)
+    bound = _times_pow2(_scaled_norm_bound(scaled, naxes, _rounding(scaled.dtype)), -s)
     return jnp.where(jnp.isfinite(peak), bound, jnp.inf)
+
+
+def _unit_scaled(x: jax.Array, naxes: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
+    """``(x * 2^s, s, peak)`` in a dtype of at least float32: every slice over the
+    last ``naxes`` axes scaled by a power of two (exact) so that its largest
+    magnitude ``peak`` (``nan`` or ``inf`` if an entry is non-finite) lies in
+    [1, 4) when it is normal; the scaled entries then neither overflow nor
+    underflow in squares and products."""
+    acc = _acc_dtype(x.dtype)
+    x = x.astype(acc)
+    axes = tuple(range(x.ndim - naxes, x.ndim))
+    peak = jnp.max(jnp.abs(x), axis=axes) if x.size else jnp.zeros(x.shape[: x.ndim - naxes], acc)
+    s = _scale_exponent(peak)
+    return x * _pow2(s, acc).reshape(s.shape + (1,) * naxes), s, peak
 
 
 def _flush_slack(size: int, dtypes) -> float:
@@ -279,10 +340,10 @@ def total_norm(tree: PyTree) -> jax.Array:
     >>> float(total_norm({"a": jnp.array([3.0]), "b": jnp.array([[4.0]])}))  # doctest: +ELLIPSIS
     5.000...
     """
-    leaves = [jnp.ravel(x) for x in jax.tree.leaves(tree)]
+    leaves = [jnp.asarray(x)[None] for x in jax.tree.leaves(tree)]
     if not leaves:
         return jnp.zeros(())
-    return _norm_bound(jnp.stack([_norm_bound(x) for x in leaves]))
+    return _record_bound(leaves, 0)[0]
 
 
 def _rows(x: jax.Array) -> jax.Array:
@@ -290,35 +351,68 @@ def _rows(x: jax.Array) -> jax.Array:
     return x.reshape((x.shape[0], int(np.prod(x.shape[1:], dtype=np.int64))))
 
 
-def _clip_records(grads: PyTree, clipping_threshold, sum_depth: int):
+def _per_record(values: jax.Array, x: jax.Array) -> jax.Array:
+    """Per-record ``values`` (shape ``(B,)``) shaped to broadcast against ``x`` (leading axis ``B``)."""
+    return values.reshape((x.shape[0],) + (1,) * (x.ndim - 1))
+
+
+def _record_bound(leaves, sum_depth: int) -> jax.Array:
+    """Per record (leading axis ``B`` of every leaf), an upper bound of the L2 norm
+    of its entries in all ``leaves`` taken together as one vector, plus the
+    rounding that they can cause when the records are summed
+    (``gamma(sum_depth)`` times their magnitudes, for any order of summation),
+    in the widest of the leaves' dtypes (at least float32): ``inf`` if an
+    entry is non-finite. ``sum_depth``: the most additions any entry passes
+    through in that sum (see :func:`_sum_depth`), 0 for a record on its own."""
+    dtypes = [x.dtype for x in leaves]
+    acc = _acc_dtype(*dtypes)
+    per_leaf = jnp.stack([_norm_bound(_rows(g)).astype(acc) for g in leaves], axis=1)
+    return _up(_norm_bound(per_leaf), sum_depth, _rounding(acc, *dtypes))
+
+
+def _clip_decision(bound: jax.Array, clipping_threshold, abs_err, dtypes, mask=None):
+    """``(factor, keep)`` per record: the clip factor of ``bound`` (see
+    :func:`_clip_factor`) and whether the record is added at all: a real record
+    (``mask``, if given) whose factor is > 0, which implies finite bounds.
+    Testing the factor (not the bounds) keeps the chain that XLA may recompute
+    for every entry short."""
+    factor = _clip_factor(bound, clipping_threshold, abs_err, dtypes)
+    keep = factor > 0
+    return factor, (keep if mask is None else mask & keep)
+
+
+def _keep_records(x: jax.Array, keep: jax.Array, factor: Optional[jax.Array] = None) -> jax.Array:
+    """Per record (leading axis of ``x``): ``x`` times ``factor`` (if given), and
+    exactly zero where ``keep`` is False (``where``, not a product, so that a
+    dropped record's ``nan`` never reaches a sum)."""
+    if factor is not None:
+        x = x * _per_record(factor, x).astype(x.dtype)
+    return jnp.where(_per_record(keep, x), x, jnp.zeros_like(x))
+
+
+def _real_only(mask: jax.Array, *per_record: jax.Array) -> Tuple[jax.Array, ...]:
+    """The per-record values (shape ``(B,)``) with 0 for padded records."""
+    return tuple(jnp.where(mask, v, 0.0) for v in per_record)
+
+
+def _clip_records(grads: PyTree, clipping_threshold, sum_depth: int, mask: Optional[jax.Array] = None):
     """Clip per-record gradients (leading axis ``B`` on every leaf).
 
     ``sum_depth``: the most additions any entry passes through when the clipped
     gradients are summed over records; the rounding that a record's entries can
     cause there, ``gamma(sum_depth)`` times their magnitudes, is counted as part
     of its contribution. Returns ``(clipped, bounds)``; records with non-finite
-    entries get zeros (``where``, so that ``nan`` does not reach the sum).
+    entries, and those with ``mask`` False if given, get zeros (``where``, so
+    that ``nan`` does not reach the sum).
     """
     leaves = jax.tree.leaves(grads)
     if not leaves:
         return grads, jnp.zeros((0,))
-    B = leaves[0].shape[0]
     dtypes = [x.dtype for x in leaves]
-    acc = _acc_dtype(*dtypes)
-    rnd = _rounding(acc, *dtypes)
-    per_leaf = jnp.stack([_norm_bound(_rows(g)).astype(acc) for g in leaves], axis=1)
-    bound = _up(_norm_bound(per_leaf), sum_depth, rnd)
+    bound = _record_bound(leaves, sum_depth)
     size = sum(_rows(x).shape[1] for x in leaves)
-    factor = _clip_factor(bound, clipping_threshold, _flush_slack(size, dtypes), dtypes)
-    # f > 0 implies a finite bound; testing f (not the bound) keeps the chain
-    # that XLA may recompute for every entry short
-    keep = factor > 0
-
-    def apply(g):
-        shape = (B,) + (1,) * (g.ndim - 1)
-        return jnp.where(keep.reshape(shape), g * factor.reshape(shape).astype(g.dtype), jnp.zeros_like(g))
-
-    return jax.tree.map(apply, grads), bound
+    factor, keep = _clip_decision(bound, clipping_threshold, _flush_slack(size, dtypes), dtypes, mask)
+    return jax.tree.map(lambda g: _keep_records(g, keep, factor), grads), bound
 
 
 def clip_gradient(grad: PyTree, clipping_threshold: float):
@@ -369,19 +463,14 @@ def per_record_value_and_grad(
     :param bool forward_mode: use forward-mode differentiation.
     :return: ``(losses, grads)`` with leading dimension ``B``.
     """
-    if forward_mode:
+    def value_and_grad(p, r):
+        return _value_and_grad_one(loss_fn, p, r, forward_mode)
 
-        def value_and_grad(p, r):
-            flat, unravel = ravel_pytree(p)
-            f = lambda fp: loss_fn(unravel(fp), r)  # noqa: E731
-            return f(flat), unravel(jax.jacfwd(f)(flat))
-
-    else:
-        value_and_grad = jax.value_and_grad(loss_fn)
     return jax.vmap(value_and_grad, in_axes=(None, 0))(params, records)
 
 
 def _value_and_grad_one(loss_fn, params, record, forward_mode):
+    """Loss and gradient of ``loss_fn(params, record)`` for one record."""
     if forward_mode:
         flat, unravel = ravel_pytree(params)
         f = lambda fp: loss_fn(unravel(fp), record)  # noqa: E731
@@ -397,6 +486,7 @@ def _batch_size(records: PyTree) -> int:
 
 
 def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode, sum_depth):
+    """``(sum, losses, norms)`` of one chunk of records from their exact per-record gradients."""
     if mask.shape[0] == 1:
         # one record: no vmap, so that XLA sees plain (un-batched) products
         one = jax.tree.map(lambda x: x[0], records)
@@ -404,14 +494,9 @@ def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_m
         losses, grads = loss[None], jax.tree.map(lambda g: g[None], grad)
     else:
         losses, grads = per_record_value_and_grad(loss_fn, params, records, forward_mode=forward_mode)
-    clipped, norms = _clip_records(grads, clipping_threshold, sum_depth)
-    summed = jax.tree.map(
-        lambda g: jnp.sum(jnp.where(mask.reshape((-1,) + (1,) * (g.ndim - 1)), g, 0.0), axis=0),
-        clipped,
-    )
-    losses = jnp.where(mask, losses, 0.0)
-    norms = jnp.where(mask, norms, 0.0)
-    return summed, losses, norms
+    clipped, norms = _clip_records(grads, clipping_threshold, sum_depth, mask)
+    summed = jax.tree.map(lambda g: jnp.sum(g, axis=0), clipped)
+    return (summed,) + _real_only(mask, losses, norms)
 
 
 def _sum_depth(B: int, chunk: int, rows: int = 1) -> int:
@@ -481,11 +566,27 @@ class StrategyChoice(NamedTuple):
     ghost_params: int = 0
 
 
-def _param_count_and_itemsize(params):
+class _Sizes(NamedTuple):
+    """The static sizes from which a strategy is chosen."""
+
+    B: int  # records (slots) in the batch
+    P: int  # parameter entries
+    itemsize: int  # bytes per parameter entry (the widest dtype)
+    budget: int  # memory budget in bytes
+    fixed_chunk: Optional[int]  # chunk_size if given and below B, else None
+
+    @property
+    def per_record(self) -> int:
+        """Bytes of one per-record gradient and its clipped copy."""
+        return self.P * self.itemsize * _COPIES
+
+
+def _sizes(params, B: int, chunk_size: Optional[int], budget: int) -> _Sizes:
     leaves = jax.tree.leaves(params)
     count = sum(int(np.prod(np.shape(x), dtype=np.int64)) for x in leaves)
     itemsize = max([jnp.dtype(jnp.result_type(x)).itemsize for x in leaves] or [4])
-    return count, itemsize
+    fixed_chunk = None if chunk_size is None or chunk_size >= B else chunk_size
+    return _Sizes(B, count, itemsize, budget, fixed_chunk)
 
 
 def _budget_chunk(per_record_bytes, budget, B):
@@ -493,93 +594,119 @@ def _budget_chunk(per_record_bytes, budget, B):
 
 
 def _choose(loss_fn, params, records, B, strategy, chunk_size, forward_mode, budget):
-    """(StrategyChoice, ghost plan or None)."""
-    P, itemsize = _param_count_and_itemsize(params)
-    per_record = P * itemsize * _COPIES
-    if chunk_size is not None:
-        chunk_size = int(chunk_size)
-    fixed_chunk = None if chunk_size is None or chunk_size >= B else chunk_size
-
+    """``(StrategyChoice, ghost plan or None)`` for validated arguments (see
+    :func:`choose_strategy` for the rule)."""
     if strategy == "ghost" and forward_mode:
         raise ValueError(
             "Expected forward_mode=False with strategy='ghost': ghost norms need "
             "reverse-mode differentiation; use strategy='chunked' or 'vmap'."
         )
+    sizes = _sizes(params, B, chunk_size, budget)
     if B == 0:
         return StrategyChoice("vmap", None, "empty batch"), None
-    if strategy == "vmap":
-        return StrategyChoice("vmap", None, "requested"), None
-    if strategy == "scan":
-        return StrategyChoice("chunked", 1 if B > 1 else None, "requested (one record at a time)"), None
-    if strategy == "chunked":
-        chunk = chunk_size if chunk_size is not None else _budget_chunk(per_record, budget, B)
-        return StrategyChoice("chunked", None if chunk >= B else chunk, "requested"), None
-
-    plan, why_not = None, None
-    if forward_mode:
-        why_not = "forward-mode differentiation"
-    else:
-        from d3p import _ghost  # imports this module's primitives
-
-        try:
-            plan = _ghost.trace_plan(loss_fn, params, records)
-        except _ghost.Unsupported as err:
-            why_not = str(err)
-        else:
-            if not plan[0].ghost_leaves:
-                why_not = "no parameter is used only in dense products"
+    if strategy in ("vmap", "scan", "chunked"):
+        return _requested_choice(strategy, chunk_size, sizes), None
+    plan, why_not = _ghost_plan(loss_fn, params, records, forward_mode)
     if strategy == "ghost":
         if plan is None:
             raise ValueError(f"strategy='ghost' cannot be used for this loss: {why_not}.")
-        p = plan[0]
-        chunk = fixed_chunk or _budget_chunk(p.per_record_floats * itemsize * _COPIES, budget, B)
-        reason = "requested" + ("" if p.ghost_leaves else f"; exact per-record gradients only ({why_not})")
-        return StrategyChoice("ghost", None if chunk >= B else chunk, reason, p.ghost_size), plan
-
-    # strategy == "auto"
+        only_exact = "" if plan[0].ghost_leaves else f"; exact per-record gradients only ({why_not})"
+        return _ghost_choice(plan, "requested" + only_exact, sizes)
     if plan is not None and plan[0].ghost_leaves:
         p = plan[0]
-        per = p.per_record_floats * itemsize * _COPIES
-        chunk = fixed_chunk or _budget_chunk(per, budget, B)
         reason = (
-            f"ghost norms for {p.ghost_size} of {P} parameter entries, exact per-record "
+            f"ghost norms for {p.ghost_size} of {sizes.P} parameter entries, exact per-record "
             f"gradients for {p.residual_size}"
         )
-        return StrategyChoice("ghost", None if chunk >= B else chunk, reason, p.ghost_size), plan
-    fits = B * per_record <= budget
-    if fixed_chunk is not None:
-        return StrategyChoice("chunked", fixed_chunk, f"chunk_size given ({why_not})"), None
+        return _ghost_choice(plan, reason, sizes)
+    return _exact_choice(plan, why_not, sizes), None
+
+
+def _requested_choice(strategy: str, chunk_size: Optional[int], sizes: _Sizes) -> StrategyChoice:
+    """The choice for an explicit ``"vmap"``, ``"scan"`` or ``"chunked"``."""
+    if strategy == "vmap":
+        return StrategyChoice("vmap", None, "requested")
+    if strategy == "scan":
+        return StrategyChoice("chunked", 1 if sizes.B > 1 else None, "requested (one record at a time)")
+    chunk = chunk_size if chunk_size is not None else _budget_chunk(sizes.per_record, sizes.budget, sizes.B)
+    return StrategyChoice("chunked", None if chunk >= sizes.B else chunk, "requested")
+
+
+def _ghost_plan(loss_fn, params, records, forward_mode: bool):
+    """``(plan, why_not)``: the ghost plan of the loss (``d3p._ghost.trace_plan``)
+    or None, and in words why ghost norms do not apply (None if they do)."""
+    if forward_mode:
+        return None, "forward-mode differentiation"
+    from d3p import _ghost  # imports this module's primitives
+
+    try:
+        plan = _ghost.trace_plan(loss_fn, params, records)
+    except _ghost.Unsupported as err:
+        return None, str(err)
+    if not plan[0].ghost_leaves:
+        return plan, "no parameter is used only in dense products"
+    return plan, None
+
+
+def _ghost_choice(plan, reason: str, sizes: _Sizes):
+    """``(StrategyChoice, plan)`` for ghost norms, in chunks that fit the budget."""
+    p = plan[0]
+    per_record = p.per_record_floats * sizes.itemsize * _COPIES
+    chunk = sizes.fixed_chunk or _budget_chunk(per_record, sizes.budget, sizes.B)
+    return StrategyChoice("ghost", None if chunk >= sizes.B else chunk, reason, p.ghost_size), plan
+
+
+def _exact_choice(plan, why_not: str, sizes: _Sizes) -> StrategyChoice:
+    """``"auto"`` without ghost norms: exact per-record gradients (steps 2 and 3
+    of the rule in :func:`choose_strategy`)."""
+    if sizes.fixed_chunk is not None:
+        return StrategyChoice("chunked", sizes.fixed_chunk, f"chunk_size given ({why_not})")
     # entries whose per-record gradients are outer products (all, if unknown)
-    outer = P if plan is None else plan[0].outer_residual_size
+    outer = sizes.P if plan is None else plan[0].outer_residual_size
     if jax.default_backend() == "cpu" and outer > _CPU_OUTER_MAX_PARAMS:
         return StrategyChoice(
             "chunked", 1,
             f"{outer} parameter entries with outer-product per-record gradients, which are "
             f"slow to batch on CPU ({why_not})",
-        ), None
-    if fits:
-        return StrategyChoice("vmap", None, f"{B} per-record gradients fit the budget ({why_not})"), None
-    chunk = _budget_chunk(per_record, budget, B)
-    return StrategyChoice(
-        "chunked", None if chunk >= B else chunk,
-        f"{B} per-record gradients exceed the memory budget ({why_not})",
-    ), None
-
-
-def _check_strategy_args(strategy, chunk_size, memory_budget_bytes):
-    if strategy not in STRATEGIES:
-        raise ValueError(f"Expected strategy in {STRATEGIES}, got strategy={strategy!r}.")
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1
-    ):
-        raise ValueError(f"Expected chunk_size >= 1 (an integer) or None, got chunk_size={chunk_size!r}.")
-    budget = DEFAULT_MEMORY_BUDGET_BYTES if memory_budget_bytes is None else memory_budget_bytes
-    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
-        raise ValueError(
-            f"Expected memory_budget_bytes to be a positive integer or None, got "
-            f"memory_budget_bytes={memory_budget_bytes!r}."
         )
-    return int(budget)
+    if sizes.B * sizes.per_record <= sizes.budget:
+        return StrategyChoice("vmap", None, f"{sizes.B} per-record gradients fit the budget ({why_not})")
+    chunk = _budget_chunk(sizes.per_record, sizes.budget, sizes.B)
+    return StrategyChoice(
+        "chunked", None if chunk >= sizes.B else chunk,
+        f"{sizes.B} per-record gradients exceed the memory budget ({why_not})",
+    )
+
+
+def _check_strategy_args(strategy, chunk_size, forward_mode, memory_budget_bytes):
+    """The validated ``(strategy, chunk_size, forward_mode, memory budget in bytes)``."""
+    strategy = _validate.choice("strategy", strategy, STRATEGIES)
+    if chunk_size is not None:
+        chunk_size = _validate.integer("chunk_size", chunk_size, minimum=1)
+    forward_mode = _validate.boolean("forward_mode", forward_mode)
+    if memory_budget_bytes is None:
+        budget = DEFAULT_MEMORY_BUDGET_BYTES
+    else:
+        budget = _validate.integer("memory_budget_bytes", memory_budget_bytes, minimum=1)
+    return strategy, chunk_size, forward_mode, budget
+
+
+def _optional_callable(name: str, value):
+    """None or a callable (the message format of :mod:`d3p._validate`)."""
+    if value is not None and not callable(value):
+        raise _validate.InvalidArgumentType(f"Expected {name} to be a callable or None, got {name}={value!r}.")
+    return value
+
+
+def _resolve(loss_fn, params, records, strategy, chunk_size, forward_mode, memory_budget_bytes):
+    """The argument handling of :func:`choose_strategy` and :func:`clipped_grad_sum`:
+    ``(B, forward_mode, choice, ghost plan or None)`` from validated arguments."""
+    strategy, chunk_size, forward_mode, budget = _check_strategy_args(
+        strategy, chunk_size, forward_mode, memory_budget_bytes
+    )
+    B = _batch_size(records)
+    choice, plan = _choose(loss_fn, params, records, B, strategy, chunk_size, forward_mode, budget)
+    return B, forward_mode, choice, plan
 
 
 def choose_strategy(
@@ -619,9 +746,7 @@ def choose_strategy(
         default :data:`DEFAULT_MEMORY_BUDGET_BYTES`.
     :return: :class:`StrategyChoice`.
     """
-    budget = _check_strategy_args(strategy, chunk_size, memory_budget_bytes)
-    return _choose(loss_fn, params, records, _batch_size(records), strategy, chunk_size,
-                   forward_mode, budget)[0]
+    return _resolve(loss_fn, params, records, strategy, chunk_size, forward_mode, memory_budget_bytes)[2]
 
 
 def clipped_grad_sum(
@@ -631,6 +756,7 @@ def clipped_grad_sum(
     mask: Optional[jax.Array],
     clipping_threshold: float,
     *,
+    on_choice: Optional[Callable[[StrategyChoice], None]] = None,
     strategy: str = "auto",
     chunk_size: Optional[int] = None,
     forward_mode: bool = False,
@@ -646,28 +772,13 @@ def clipped_grad_sum(
         dimension ``B`` (include per-record random keys here).
     :param mask: boolean ``(B,)``, True for real records, or None (all real).
     :param float clipping_threshold: ``C``.
-    :param str strategy: how per-record gradients are formed; all strategies
-        compute the same clipped sum (up to float rounding):
-
-        - ``"auto"`` (default): chosen from static information by
-          :func:`choose_strategy`;
-        - ``"vmap"``: all ``B`` per-record gradients at once (whatever the
-          memory budget);
-        - ``"chunked"``: ``chunk_size`` records at a time under ``lax.scan``
-          (default: as many as fit ``memory_budget_bytes``);
-        - ``"scan"``: one record at a time;
-        - ``"ghost"``: per-record gradient norms from the activations and
-          output gradients of the dense products in which a parameter is used
-          (``‖∂W‖² = Σ (a_u·a_v)(δ_u·δ_v)``, with a certified bound of its
-          rounding error), and the clipped sum as one
-          matrix product over all records, never forming per-record gradients
-          of such parameters (those whose every use, through reshapes and
-          transposes, is an operand of a ``dot_general`` without batch
-          dimensions); exact per-record gradients for the other parameters in
-          the same pass (all of them, if none qualifies). Chunked like
-          ``"chunked"`` when the per-record activations exceed the budget.
-          Raises ``ValueError`` if the loss of one record cannot be traced on
-          its own.
+    :param on_choice: called once per trace of this call with the
+        :class:`StrategyChoice` taken (static information only), or None.
+    :param str strategy: how per-record gradients are formed, one of
+        :data:`STRATEGIES` (described in the module documentation); all compute
+        the same clipped sum up to float rounding. ``"auto"`` (default) is
+        chosen by :func:`choose_strategy`; ``"ghost"`` raises ``ValueError``
+        if the loss of one record cannot be traced on its own.
     :param int chunk_size: records per chunk for ``"chunked"`` and ``"ghost"``.
     :param bool forward_mode: forward-mode differentiation (not with ``"ghost"``).
     :param int memory_budget_bytes: bytes of per-record quantities held at once
@@ -685,19 +796,8 @@ def clipped_grad_sum(
     cause in the sum over the batch (``gamma(depth)`` times their magnitudes,
     for any order of summation, ``depth`` the additions an entry passes
     through: chunk size, rows and chunks) is at most ``C``. This holds by
-    construction, not by testing:
-
-    - the norm used for clipping is an upper bound of the exact norm of the
-      very values that are then scaled and summed (per-record gradients, or
-      under ``"ghost"`` the activations and output gradients of the dense
-      products, see ``d3p._ghost.gram_bound``), computed with exact scaling by
-      powers of two and increased by the worst-case error of every rounding
-      that produced it, for any order of summation;
-    - every product that feeds a bound or the sum runs at
-      ``lax.Precision.HIGHEST`` (not TF32);
-    - the clipping factor leaves room for the rounding of applying it and for
-      values flushed below the smallest normal number (``_clip_factor``), and
-      a factor that would itself be below the smallest normal number is 0.
+    construction, not by testing (see "Why the clipping bound holds" in the
+    module documentation).
 
     Hence for any two record sets that differ by adding or removing one
     record (or by masking it out) the exact sums of what is added differ by
@@ -717,46 +817,57 @@ def clipped_grad_sum(
     clipped more than its exact norm requires (never less). ``losses`` and
     ``norms`` are computed from the un-noised data and are NOT private.
     """
-    budget = _check_strategy_args(strategy, chunk_size, memory_budget_bytes)
-    B = _batch_size(records)
+    on_choice = _optional_callable("on_choice", on_choice)
+    B, forward_mode, choice, plan = _resolve(
+        loss_fn, params, records, strategy, chunk_size, forward_mode, memory_budget_bytes
+    )
+    mask = _check_mask(mask, B)
+    _report_choice(choice, B, on_choice)
+    if B == 0:
+        return ClippedSum(*_clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode, 0))
+    chunk = B if choice.chunk_size is None else choice.chunk_size
+    chunk_fn = _chunk_function(loss_fn, params, clipping_threshold, forward_mode, choice, plan, B, chunk)
+    return ClippedSum(*_in_chunks(chunk_fn, params, records, mask, chunk))
+
+
+def _check_mask(mask, B: int) -> jax.Array:
+    """The mask as a boolean ``(B,)`` array (all True for None)."""
     mask = jnp.ones((B,), bool) if mask is None else jnp.asarray(mask, bool)
     if mask.shape != (B,):
         raise ValueError(f"Expected mask of shape ({B},), got shape {mask.shape}.")
-    choice, plan = _choose(loss_fn, params, records, B, strategy, chunk_size, forward_mode, budget)
-    logger.debug("clipped_grad_sum: B=%d, %s", B, choice)
-    _LAST_CHOICE[0] = choice
-    if B == 0:
-        return ClippedSum(*_clipped_chunk(loss_fn, params, records, mask, clipping_threshold,
-                                          forward_mode, 0))
+    return mask
 
-    chunk = B if choice.chunk_size is None else choice.chunk_size
+
+def _report_choice(choice: StrategyChoice, B: int, on_choice) -> None:
+    """Log the choice and pass it to ``on_choice``."""
+    logger.debug("clipped_grad_sum: B=%d, %s", B, choice)
+    if on_choice is not None:
+        on_choice(choice)
+
+
+def _chunk_function(loss_fn, params, clipping_threshold, forward_mode, choice, plan, B, chunk):
+    """``chunk_fn(records, mask) -> (sum, losses, norms)`` for one chunk of records
+    under ``choice``; ``B`` records in chunks of ``chunk`` make up the sum."""
+
+    def sum_depth(rows: int = 1) -> int:
+        return _sum_depth(B, chunk, rows)
+
     if choice.strategy == "ghost":
         from d3p import _ghost
 
         plan, p_def, _ = plan
         p_leaves = jax.tree.leaves(params)
 
-        def chunk_fn(recs, m):
-            return _ghost.ghost_chunk(
-                plan, p_def, p_leaves, jax.tree.leaves(recs), m, clipping_threshold,
-                lambda rows: _sum_depth(B, chunk, rows),
-            )
-    else:
+        def ghost_chunk_fn(recs, m):
+            return _ghost.ghost_chunk(plan, p_def, p_leaves, jax.tree.leaves(recs), m, clipping_threshold,
+                                      sum_depth)
 
-        def chunk_fn(recs, m):
-            return _clipped_chunk(loss_fn, params, recs, m, clipping_threshold, forward_mode,
-                                  _sum_depth(B, chunk))
+        return ghost_chunk_fn
 
-    return ClippedSum(*_in_chunks(chunk_fn, params, records, mask, chunk))
+    def chunk_fn(recs, m):
+        return _clipped_chunk(loss_fn, params, recs, m, clipping_threshold, forward_mode, sum_depth())
 
-
-_LAST_CHOICE = [None]
-
-
-def last_choice() -> Optional[StrategyChoice]:
-    """The :class:`StrategyChoice` of the most recent trace of :func:`clipped_grad_sum`
-    in this process (``None`` before the first); for benchmarks and debugging."""
-    return _LAST_CHOICE[0]
+    return chunk_fn
 
 
 def noise_std(dp_scale: float, clipping_threshold: float) -> float:
@@ -768,10 +879,16 @@ def noise_std(dp_scale: float, clipping_threshold: float) -> float:
     3.0
     >>> noise_std(0.0, float("inf"))
     0.0
+
+    :param float dp_scale: the noise multiplier ``sigma``, finite and ``>= 0``.
+    :param float clipping_threshold: ``C > 0`` (``inf`` allowed).
+    :raises ValueError: for other values (``TypeError`` too for non-numbers).
     """
+    dp_scale = _validate.non_negative("dp_scale", dp_scale)
+    clipping_threshold = _validate.positive("clipping_threshold", clipping_threshold, finite=False)
     if dp_scale == 0:
         return 0.0
-    return float(dp_scale) * float(clipping_threshold)
+    return dp_scale * clipping_threshold
 
 
 def add_gaussian_noise(

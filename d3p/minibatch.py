@@ -67,6 +67,7 @@ N=5, B=2), and for large N the entropy of r random round functions, about
 """
 
 import math
+import numbers
 import types
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -80,7 +81,9 @@ from jax.custom_batching import custom_vmap
 from jax.experimental import io_callback
 
 import d3p.random
+from d3p import _validate
 from d3p import accounting as _accounting
+from d3p.random._common import mulhi_u32
 
 __all__ = [
     "SUBSTITUTE",
@@ -148,46 +151,26 @@ Dataset = Union[jax.typing.ArrayLike, Sequence[jax.typing.ArrayLike]]
 # validation at the boundary
 
 
-def _is_integer(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+def _num_records(value, name: str = "num_records") -> int:
+    """A data set size N in ``[1, MAX_NUM_RECORDS]`` (indices are int32)."""
+    return _validate.integer(name, value, minimum=1, maximum=MAX_NUM_RECORDS)
 
 
-def _check_num_records(num_records) -> int:
-    if not _is_integer(num_records):
-        raise TypeError(
-            f"Expected num_records to be an integer, got num_records={num_records!r}."
-        )
-    num_records = int(num_records)
-    if num_records < 1 or num_records > MAX_NUM_RECORDS:
+def _suite_in_place_of(name: str, value, default, rng_suite):
+    """``(value, rng_suite)`` of a call, with a PRNG suite passed positionally
+    in the place of ``name`` taken as ``rng_suite`` (the position ``rng_suite``
+    has in the signatures without ``name``) and ``name`` then its default."""
+    if value is None or isinstance(value, (str, bytes, numbers.Number)):
+        return value, rng_suite
+    try:
+        _validate.rng_suite(name, value)
+    except ValueError:
+        return value, rng_suite  # not a suite: the argument's own check names it
+    if rng_suite is not d3p.random:
         raise ValueError(
-            f"Expected num_records in [1, {MAX_NUM_RECORDS}], got num_records={num_records}."
+            f"Expected one PRNG suite, got {name}={value!r} and rng_suite={rng_suite!r}."
         )
-    return num_records
-
-
-def _check_size(name: str, value, num_records: int) -> int:
-    if not _is_integer(value):
-        raise ValueError(
-            f"Expected {name} to be an integer in [1, N={num_records}], got {name}={value!r}."
-        )
-    value = int(value)
-    if value < 1 or value > num_records:
-        raise ValueError(f"Expected {name} in [1, N={num_records}], got {name}={value}.")
-    return value
-
-
-def _check_q(q) -> float:
-    if isinstance(q, (bool, np.bool_)) or not isinstance(q, (int, float, np.integer, np.floating)):
-        if isinstance(q, (np.ndarray, jax.Array)) and np.ndim(q) == 0 and not isinstance(q, jax.core.Tracer):
-            q = float(q)
-        else:
-            raise TypeError(
-                f"Expected q to be a concrete float in (0, 1] (a public setting), got q={q!r}."
-            )
-    q = float(q)
-    if not (0.0 < q <= 1.0):
-        raise ValueError(f"Expected q in (0, 1], got q={q}.")
-    return q
+    return default, value
 
 
 def _check_dataset(dataset: Dataset) -> Tuple[Tuple[jax.Array, ...], bool, int]:
@@ -236,8 +219,8 @@ def q_to_batch_size(q: float, N: int) -> int:
     >>> q_to_batch_size(0.29, 100)
     29
     """
-    q = _check_q(q)
-    N = _check_num_records(N)
+    q = _validate.probability("q", q)
+    N = _num_records(N, "N")
     x = q * N
     nearest = round(x)
     b = nearest if abs(x - nearest) <= 1e-9 * max(1.0, x) else math.floor(x)
@@ -253,27 +236,13 @@ def batch_size_to_q(batch_size: int, N: int) -> float:
     >>> batch_size_to_q(10, 1000)
     0.01
     """
-    N = _check_num_records(N)
-    batch_size = _check_size("batch_size", batch_size, N)
+    N = _num_records(N, "N")
+    batch_size = _validate.integer("batch_size", batch_size, minimum=1, maximum=N)
     return batch_size / N
 
 
 # ----------------------------------------------------------------------------
 # exact integer sampling primitives
-
-
-def _mulhi_lo_u32(a: jax.Array, b: jax.Array) -> Tuple[jax.Array, jax.Array]:
-    """High and low 32-bit words of the 64-bit product of two uint32 arrays."""
-    mask = np.uint32(0xFFFF)
-    a_lo, a_hi = a & mask, a >> np.uint32(16)
-    b_lo, b_hi = b & mask, b >> np.uint32(16)
-    ll = a_lo * b_lo
-    lh = a_lo * b_hi
-    hl = a_hi * b_lo
-    hh = a_hi * b_hi
-    mid = (ll >> np.uint32(16)) + (lh & mask) + (hl & mask)
-    hi = hh + (lh >> np.uint32(16)) + (hl >> np.uint32(16)) + (mid >> np.uint32(16))
-    return hi, a * b
 
 
 def _uniform_below(words: jax.Array, n: int) -> Tuple[jax.Array, jax.Array]:
@@ -285,7 +254,7 @@ def _uniform_below(words: jax.Array, n: int) -> Tuple[jax.Array, jax.Array]:
     ``floor(2**32 / n)`` of its preimages.
     """
     n_arr = jnp.full(words.shape, n, dtype=jnp.uint32)
-    hi, lo = _mulhi_lo_u32(words.astype(jnp.uint32), n_arr)
+    hi, lo = mulhi_u32(words.astype(jnp.uint32), n_arr)
     threshold = np.uint32((2**32) % n)
     return hi.astype(jnp.int32), lo >= threshold
 
@@ -436,15 +405,12 @@ def poisson_overflow_probability(num_records: int, q: float, max_batch_size: int
     """
     from scipy.stats import binom
 
-    num_records = _check_num_records(num_records)
-    q = _check_q(q)
-    if not _is_integer(max_batch_size) or max_batch_size < 0:
-        raise ValueError(
-            f"Expected max_batch_size to be a non-negative integer, got max_batch_size={max_batch_size!r}."
-        )
+    num_records = _num_records(num_records)
+    q = _validate.probability("q", q)
+    max_batch_size = _validate.integer("max_batch_size", max_batch_size, minimum=0)
     if max_batch_size >= num_records:
         return 0.0
-    return float(binom.sf(int(max_batch_size), num_records, q))
+    return float(binom.sf(max_batch_size, num_records, q))
 
 
 def poisson_max_batch_size(
@@ -465,13 +431,9 @@ def poisson_max_batch_size(
     """
     from scipy.stats import binom
 
-    num_records = _check_num_records(num_records)
-    q = _check_q(q)
-    p = float(overflow_probability)
-    if not (0.0 <= p < 1.0):
-        raise ValueError(
-            f"Expected overflow_probability in [0, 1), got overflow_probability={overflow_probability}."
-        )
+    num_records = _num_records(num_records)
+    q = _validate.probability("q", q)
+    p = _validate.number("overflow_probability", overflow_probability, low=0.0, high=1.0, high_open=True)
     if p == 0.0 or q == 1.0:
         return num_records
     # binary search: P(K > m) is non-increasing in m (SciPy's isf is unreliable this far out)
@@ -534,14 +496,21 @@ def _binomial_thresholds(num_records: int, q: float, max_batch_size: int):
     return hi, lo, finite
 
 
-def _binomial_count(rng_key, num_records: int, q: float, max_batch_size: int, rng_suite) -> jax.Array:
-    """``min(K, max_batch_size)`` for ``K ~ Binomial(N, q)`` by inverse CDF on 64 random bits."""
+def _binomial_count(
+    rng_key, num_records: int, q: float, max_batch_size: int, rng_suite, suppress: bool = False
+) -> jax.Array:
+    """``min(K, max_batch_size)`` for ``K ~ Binomial(N, q)`` by inverse CDF on 64 random bits;
+    with ``suppress``, 0 instead where ``K > max_batch_size``."""
     hi, lo, finite = _binomial_thresholds(num_records, q, max_batch_size)
     words = rng_suite.random_bits(rng_key, 32, (2,))
     u_hi, u_lo = words[0].astype(jnp.uint32), words[1].astype(jnp.uint32)
-    # K = number of k in 0..m with T_k <= u (T is non-decreasing), capped at m
+    # K = number of k in 0..m with T_k <= u (T is non-decreasing), capped at m + 1:
+    # the sum is m + 1 exactly when K > m (T_m is finite only if m < N)
     ge = finite & ((u_hi > hi) | ((u_hi == hi) & (u_lo >= lo)))
-    return jnp.minimum(jnp.sum(ge.astype(jnp.int32)), max_batch_size)
+    uncapped = jnp.sum(ge.astype(jnp.int32), dtype=jnp.int32)
+    if suppress:
+        return jnp.where(uncapped > max_batch_size, jnp.int32(0), uncapped)
+    return jnp.minimum(uncapped, max_batch_size)
 
 
 # ----------------------------------------------------------------------------
@@ -549,7 +518,51 @@ def _binomial_count(rng_key, num_records: int, q: float, max_batch_size: int, rn
 
 
 @dataclass(frozen=True)
-class FixedSizeSampler:
+class _FixedBatchSampler:
+    """What the samplers of exactly ``batch_size`` records (always all real) share."""
+
+    num_records: int
+    batch_size: int
+
+    def __post_init__(self):
+        n = _num_records(self.num_records)
+        object.__setattr__(self, "num_records", n)
+        object.__setattr__(
+            self, "batch_size", _validate.integer("batch_size", self.batch_size, minimum=1, maximum=n)
+        )
+
+    @property
+    def q(self) -> float:
+        """Sampling probability of each record, ``B / N``."""
+        return self.batch_size / self.num_records
+
+    @property
+    def expected_batch_size(self) -> int:
+        """B: the public constant to normalise a batch sum by."""
+        return self.batch_size
+
+    @property
+    def max_batch_size(self) -> int:
+        """Length of the index and mask arrays, B."""
+        return self.batch_size
+
+    def sample(self, rng_key, rng_suite: types.ModuleType = d3p.random) -> Tuple[jax.Array, jax.Array]:
+        """Draw one batch.
+
+        :param rng_key: a key of ``rng_suite`` (secret, fresh for every batch).
+        :param rng_suite: PRNG suite, :mod:`d3p.random` (default) or :mod:`d3p.random.debug`.
+        :return: ``(indices int32[B], mask bool[B])``; the mask is all True.
+        :raises SamplingError: if the random source is broken (see the module docstring).
+        """
+        return _sample(self, rng_key, _validate.rng_suite("rng_suite", rng_suite))
+
+    def _draw(self, rng_key, rng_suite):
+        indices, ok = self._indices(rng_key, rng_suite)
+        return indices, jnp.ones((self.batch_size,), bool), ok
+
+
+@dataclass(frozen=True)
+class FixedSizeSampler(_FixedBatchSampler):
     """Uniformly random batches of exactly ``batch_size`` distinct records.
 
     :param int num_records: number of records N (public), in ``[1, 2**31 - 1]``.
@@ -581,50 +594,41 @@ class FixedSizeSampler:
     ((5,), True, 5)
     """
 
-    num_records: int
-    batch_size: int
-
     #: The sampler's name for :func:`d3p.accounting.accounting_for`.
     name = "fixed_size"
-
-    def __post_init__(self):
-        n = _check_num_records(self.num_records)
-        object.__setattr__(self, "num_records", n)
-        object.__setattr__(self, "batch_size", _check_size("batch_size", self.batch_size, n))
 
     @property
     def relation(self) -> str:
         """:data:`SUBSTITUTE`."""
         return SUBSTITUTE
 
-    @property
-    def q(self) -> float:
-        """Sampling probability of each record, ``B / N``."""
-        return self.batch_size / self.num_records
+    def _indices(self, rng_key, rng_suite):
+        return _distinct_uniform(rng_key, self.batch_size, self.num_records, rng_suite)
 
-    @property
-    def expected_batch_size(self) -> int:
-        """B: the public constant to normalise a batch sum by."""
-        return self.batch_size
 
-    @property
-    def max_batch_size(self) -> int:
-        """Length of the index and mask arrays, B."""
-        return self.batch_size
+#: Settings of :class:`PoissonSampler`'s ``handle_oversized_batch``.
+_OVERSIZED_BATCH_HANDLING = ("truncate", "suppress")
 
-    def sample(self, rng_key, rng_suite: types.ModuleType = d3p.random) -> Tuple[jax.Array, jax.Array]:
-        """Draw one batch.
 
-        :param rng_key: a key of ``rng_suite`` (secret, fresh for every batch).
-        :param rng_suite: PRNG suite, :mod:`d3p.random` (default) or :mod:`d3p.random.debug`.
-        :return: ``(indices int32[B], mask bool[B])``; the mask is all True.
-        :raises SamplingError: if the random source is broken (see the module docstring).
-        """
-        return _sample(self, rng_key, rng_suite)
-
-    def _draw(self, rng_key, rng_suite):
-        indices, ok = _distinct_uniform(rng_key, self.batch_size, self.num_records, rng_suite)
-        return indices, jnp.ones((self.batch_size,), bool), ok
+def _poisson_max_batch_size(value, num_records: int, q: float) -> int:
+    """``max_batch_size`` of a Poisson sampler: None (the default size), an
+    integer size in ``[1, N]``, or a float quantile in (0, 1) of the batch
+    size ``K ~ Binomial(N, q)``: the smallest ``m`` with ``P(K <= m) >= quantile``."""
+    if value is None:
+        return poisson_max_batch_size(num_records, q)
+    try:
+        return _validate.integer("max_batch_size", value, minimum=1, maximum=num_records)
+    except _validate.InvalidArgumentType:
+        pass  # not an integer: a quantile, or wrong
+    try:
+        quantile = _validate.open_unit("max_batch_size", value)
+    except ValueError as err:
+        raise type(err)(
+            f"Expected max_batch_size to be an integer in [1, {num_records}] or a quantile in "
+            f"(0, 1), got max_batch_size={value!r}."
+        ) from None
+    # P(K <= m) >= quantile  <=>  P(K > m) <= 1 - quantile
+    return max(1, poisson_max_batch_size(num_records, q, 1.0 - quantile))
 
 
 @dataclass(frozen=True)
@@ -633,10 +637,17 @@ class PoissonSampler:
 
     :param int num_records: number of records N (public).
     :param float q: sampling probability in (0, 1] (public).
-    :param int max_batch_size: length of the padded output, in ``[1, N]``;
-        default :func:`poisson_max_batch_size` ``(N, q)``, the smallest size
+    :param max_batch_size: length of the padded output: an integer in
+        ``[1, N]``, or a float in (0, 1) for a quantile of the batch size
+        ``K ~ Binomial(N, q)`` (the smallest ``m`` with
+        ``P(K <= m) >= max_batch_size``, at least 1; stored as that integer).
+        Default :func:`poisson_max_batch_size` ``(N, q)``, the smallest size
         whose overflow probability per step is at most
         :data:`DEFAULT_OVERFLOW_PROBABILITY` (1e-18).
+    :param str handle_oversized_batch: what a batch with more than
+        ``max_batch_size`` records becomes: ``"truncate"`` (default),
+        ``max_batch_size`` of its records chosen uniformly at random, or
+        ``"suppress"``, an empty batch (mask all False).
 
     Attributes: ``relation`` (:data:`ADD_REMOVE`, the default; the
     substitute relation is accounted too, see
@@ -670,18 +681,21 @@ class PoissonSampler:
 
     *Overflow.* If ``K > max_batch_size`` (probability
     ``p = poisson_overflow_probability(N, q, max_batch_size)`` per step), the
-    batch is truncated to ``max_batch_size`` records chosen uniformly at
-    random among the ``K`` (the mask is all True). This is the only deviation
-    from Poisson sampling, and it is bounded as follows: run the real
-    (truncating) mechanism ``M'`` and the ideal Poisson mechanism ``M`` on the
-    same random bits; their outputs differ only if some step overflows, which
-    has probability at most ``eta = T * p`` whatever the data. If ``M`` is
-    (ε, δ)-DP, then for neighbours D, D' and any event S,
+    batch is, with ``handle_oversized_batch="truncate"``, truncated to
+    ``max_batch_size`` records chosen uniformly at random among the ``K`` (the
+    mask is all True), and with ``"suppress"`` replaced by an empty batch (the
+    mask is all False; the step adds noise only). Either way this is the only
+    deviation from Poisson sampling, and it is bounded as follows: run the
+    real (truncating or suppressing) mechanism ``M'`` and the ideal Poisson
+    mechanism ``M`` on the same random bits; their outputs differ only if some
+    step overflows, which has probability at most ``eta = T * p`` whatever the
+    data. If ``M`` is (ε, δ)-DP, then for neighbours D, D' and any event S,
     ``P[M'(D) in S] <= P[M(D) in S] + eta <= e^ε P[M(D') in S] + δ + eta <=
     e^ε P[M'(D') in S] + δ + (1 + e^ε) eta``, so ``M'`` is
     ``(ε, δ + (1 + e^ε) T p)``-DP (with p evaluated at the larger N of the
-    two neighbours, see :func:`poisson_overflow_delta`). With the default
-    bound ``p <= 1e-18`` this is below 1e-8 for ``T <= 1e6`` and ``ε <= 9``.
+    two neighbours, see :func:`poisson_overflow_delta`), for both settings.
+    With the default bound ``p <= 1e-18`` this is below 1e-8 for
+    ``T <= 1e6`` and ``ε <= 9``.
 
     >>> import d3p.random
     >>> sampler = PoissonSampler(num_records=1000, q=0.01)
@@ -692,21 +706,22 @@ class PoissonSampler:
 
     num_records: int
     q: float
-    max_batch_size: Optional[int] = None
+    max_batch_size: Optional[Union[int, float]] = None
+    handle_oversized_batch: str = "truncate"
 
     #: The sampler's name for :func:`d3p.accounting.accounting_for`.
     name = "poisson"
 
     def __post_init__(self):
-        n = _check_num_records(self.num_records)
-        q = _check_q(self.q)
+        n = _num_records(self.num_records)
+        q = _validate.probability("q", self.q)
+        handling = _validate.choice(
+            "handle_oversized_batch", self.handle_oversized_batch, _OVERSIZED_BATCH_HANDLING
+        )
         object.__setattr__(self, "num_records", n)
         object.__setattr__(self, "q", q)
-        if self.max_batch_size is None:
-            m = poisson_max_batch_size(n, q)
-        else:
-            m = _check_size("max_batch_size", self.max_batch_size, n)
-        object.__setattr__(self, "max_batch_size", m)
+        object.__setattr__(self, "max_batch_size", _poisson_max_batch_size(self.max_batch_size, n, q))
+        object.__setattr__(self, "handle_oversized_batch", handling)
 
     @property
     def relation(self) -> str:
@@ -720,7 +735,7 @@ class PoissonSampler:
 
     @property
     def overflow_probability(self) -> float:
-        """Per-step probability that ``K > max_batch_size`` (truncation)."""
+        """Per-step probability that ``K > max_batch_size`` (truncation or suppression)."""
         return poisson_overflow_probability(self.num_records, self.q, self.max_batch_size)
 
     def sample(self, rng_key, rng_suite: types.ModuleType = d3p.random) -> Tuple[jax.Array, jax.Array]:
@@ -729,22 +744,26 @@ class PoissonSampler:
         :param rng_key: a key of ``rng_suite`` (secret, fresh for every batch).
         :param rng_suite: PRNG suite, :mod:`d3p.random` (default) or :mod:`d3p.random.debug`.
         :return: ``(indices int32[max_batch_size], mask bool[max_batch_size])``;
-            ``mask[j]`` is True for the ``min(K, max_batch_size)`` real records,
-            which come first.
+            ``mask[j]`` is True for the real records, which come first:
+            ``min(K, max_batch_size)`` of them, or none if ``K >
+            max_batch_size`` and ``handle_oversized_batch="suppress"``.
         :raises SamplingError: if the random source is broken (see the module docstring).
         """
-        return _sample(self, rng_key, rng_suite)
+        return _sample(self, rng_key, _validate.rng_suite("rng_suite", rng_suite))
 
     def _draw(self, rng_key, rng_suite):
         count_key, index_key = rng_suite.split(rng_key, 2)
-        count = _binomial_count(count_key, self.num_records, self.q, self.max_batch_size, rng_suite)
+        suppress = self.handle_oversized_batch == "suppress"
+        count = _binomial_count(
+            count_key, self.num_records, self.q, self.max_batch_size, rng_suite, suppress
+        )
         indices, ok = _distinct_uniform(index_key, self.max_batch_size, self.num_records, rng_suite)
         mask = jnp.arange(self.max_batch_size) < count
         return indices, mask, ok
 
 
 @dataclass(frozen=True)
-class WithReplacementSampler:
+class WithReplacementSampler(_FixedBatchSampler):
     """``batch_size`` independent, uniformly random records (with replacement).
 
     :param int num_records: number of records N (public).
@@ -766,44 +785,13 @@ class WithReplacementSampler:
     but that analysis is not implemented here.)
     """
 
-    num_records: int
-    batch_size: int
-
-    def __post_init__(self):
-        n = _check_num_records(self.num_records)
-        object.__setattr__(self, "num_records", n)
-        object.__setattr__(self, "batch_size", _check_size("batch_size", self.batch_size, n))
-
     @property
     def relation(self) -> None:
         """None: not covered by any accountant in d3p."""
         return None
 
-    @property
-    def q(self) -> float:
-        """``B / N``."""
-        return self.batch_size / self.num_records
-
-    @property
-    def expected_batch_size(self) -> int:
-        """B."""
-        return self.batch_size
-
-    @property
-    def max_batch_size(self) -> int:
-        """B."""
-        return self.batch_size
-
-    def sample(self, rng_key, rng_suite: types.ModuleType = d3p.random) -> Tuple[jax.Array, jax.Array]:
-        """Draw one batch: ``(indices int32[B], mask bool[B])``, the mask all True.
-
-        :raises SamplingError: if the random source is broken (see the module docstring).
-        """
-        return _sample(self, rng_key, rng_suite)
-
-    def _draw(self, rng_key, rng_suite):
-        indices, ok = _uniform_indices(rng_key, self.batch_size, self.num_records, rng_suite)
-        return indices, jnp.ones((self.batch_size,), bool), ok
+    def _indices(self, rng_key, rng_suite):
+        return _uniform_indices(rng_key, self.batch_size, self.num_records, rng_suite)
 
 
 Sampler = Union[FixedSizeSampler, PoissonSampler, WithReplacementSampler]
@@ -888,6 +876,33 @@ def _sample(sampler, rng_key, rng_suite, i=None):
 # Feistel permutation (non-private shuffling)
 
 
+def _feistel_network(round_keys, bits: int, num_rounds: int, rng_suite) -> Callable:
+    """The keyed Feistel network on ``[0, 2**bits)`` of :func:`feistel_permutation`
+    (a bijection for any round functions), as a function of a uint32 array."""
+
+    def round_fn(key, r):
+        return jax.vmap(lambda v: rng_suite.random_bits(rng_suite.fold_in(key, v), 32, ()))(r)
+
+    # the two half widths alternate between rounds; loop over rounds (one
+    # compiled round function) with the widths as traced shift amounts
+    c_even, c_odd = np.uint32(bits // 2), np.uint32(bits - bits // 2)
+    one = np.uint32(1)
+
+    def feistel_round(i, flat):
+        c = jnp.where(i % 2 == 0, c_even, c_odd)  # width of the right half
+        a = np.uint32(bits) - c
+        left = flat >> c
+        right = flat & ((one << c) - one)
+        f = round_fn(round_keys[i], right).astype(jnp.uint32)
+        return (right << a) | ((left ^ f) & ((one << a) - one))
+
+    def permute(x):
+        flat = lax.fori_loop(0, num_rounds, feistel_round, x.reshape(-1))
+        return flat.reshape(x.shape)
+
+    return permute
+
+
 def feistel_permutation(
     rng_key,
     positions: jax.typing.ArrayLike,
@@ -923,34 +938,12 @@ def feistel_permutation(
     permutations or subsets (see the module docstring): use it for
     non-private shuffling only, never for a batch the accountant analyses.
     """
-    num_records = _check_num_records(num_records)
-    num_rounds = int(num_rounds)
-    if num_rounds < 1:
-        raise ValueError(f"Expected num_rounds >= 1, got num_rounds={num_rounds}.")
+    num_records = _num_records(num_records)
+    num_rounds = _validate.integer("num_rounds", num_rounds, minimum=1)
+    rng_suite = _validate.rng_suite("rng_suite", rng_suite)
     bits = max(2, math.ceil(math.log2(num_records)))
-    round_keys = rng_suite.split(rng_key, num_rounds)
-    positions = jnp.asarray(positions)
-    x0 = positions.astype(jnp.uint32)
-
-    def round_fn(key, r):
-        return jax.vmap(lambda v: rng_suite.random_bits(rng_suite.fold_in(key, v), 32, ()))(r)
-
-    # the two half widths alternate between rounds; loop over rounds (one
-    # compiled round function) with the widths as traced shift amounts
-    c_even, c_odd = np.uint32(bits // 2), np.uint32(bits - bits // 2)
-    one = np.uint32(1)
-
-    def feistel_round(i, flat):
-        c = jnp.where(i % 2 == 0, c_even, c_odd)  # width of the right half
-        a = np.uint32(bits) - c
-        left = flat >> c
-        right = flat & ((one << c) - one)
-        f = round_fn(round_keys[i], right).astype(jnp.uint32)
-        return (right << a) | ((left ^ f) & ((one << a) - one))
-
-    def permute(x):
-        flat = lax.fori_loop(0, num_rounds, feistel_round, x.reshape(-1))
-        return flat.reshape(x.shape)
+    permute = _feistel_network(rng_suite.split(rng_key, num_rounds), bits, num_rounds, rng_suite)
+    x0 = jnp.asarray(positions).astype(jnp.uint32)
 
     max_walk = 2**bits - num_records  # applications after the first
 
@@ -1013,12 +1006,24 @@ def _make_batchify(arrays, single, sampler, rng_suite, num_batches, with_mask):
     return init, get_batch
 
 
+def _fixed_batch_size(batch_size, q, num_records: int) -> int:
+    """B from exactly one of ``batch_size`` and ``q`` (``q_to_batch_size(q, N)``)."""
+    if (batch_size is None) == (q is None):
+        raise ValueError(
+            f"Expected exactly one of batch_size and q, got batch_size={batch_size!r}, q={q!r}."
+        )
+    if batch_size is None:
+        batch_size = q_to_batch_size(q, num_records)
+    return _validate.integer("batch_size", batch_size, minimum=1, maximum=num_records)
+
+
 def subsample_batchify_data(
     dataset: Dataset,
     batch_size: Optional[int] = None,
     q: Optional[float] = None,
     with_replacement: bool = False,
     rng_suite: types.ModuleType = d3p.random,
+    return_mask: bool = False,
 ) -> Tuple[Callable, Callable]:
     """Fixed-size random batches, each drawn independently (the d3p 0.2 interface).
 
@@ -1031,6 +1036,10 @@ def subsample_batchify_data(
     :param bool with_replacement: draw B independent uniform indices instead
         (see :class:`WithReplacementSampler`: not covered by d3p's accountants).
     :param rng_suite: PRNG suite for batch selection.
+    :param bool return_mask: if True, ``get_batch`` returns ``(batch, mask)``
+        with ``mask`` a bool array of shape ``(B,)``, all True (the batches
+        are full), so that code written for :func:`poisson_batchify_data`
+        runs unchanged.
     :return: ``(init, get_batch)``: ``init(rng_key) -> (num_batches, state)`` with
         ``num_batches = N // B`` (batches per epoch) and ``state`` a
         :class:`BatchifyState`; ``get_batch(i, state)`` returns batch ``i``,
@@ -1050,25 +1059,23 @@ def subsample_batchify_data(
     >>> num_batches, x.shape, y.shape
     (3, (3,), (3, 2))
     """
+    rng_suite = _validate.rng_suite("rng_suite", rng_suite)
+    with_replacement = _validate.boolean("with_replacement", with_replacement)
+    return_mask = _validate.boolean("return_mask", return_mask)
     arrays, single, n = _check_dataset(dataset)
-    if (batch_size is None) == (q is None):
-        raise ValueError(
-            f"Expected exactly one of batch_size and q, got batch_size={batch_size!r}, q={q!r}."
-        )
-    if batch_size is None:
-        batch_size = q_to_batch_size(q, n)
-    batch_size = _check_size("batch_size", batch_size, n)
+    batch_size = _fixed_batch_size(batch_size, q, n)
     if with_replacement:
         sampler = WithReplacementSampler(n, batch_size)
     else:
         sampler = FixedSizeSampler(n, batch_size)
-    return _make_batchify(arrays, single, sampler, rng_suite, n // batch_size, with_mask=False)
+    return _make_batchify(arrays, single, sampler, rng_suite, n // batch_size, with_mask=return_mask)
 
 
 def poisson_batchify_data(
     dataset: Dataset,
     q: float,
-    max_batch_size: Optional[int] = None,
+    max_batch_size: Optional[Union[int, float]] = None,
+    handle_oversized_batch: str = "truncate",
     rng_suite: types.ModuleType = d3p.random,
 ) -> Tuple[Callable, Callable]:
     """Poisson-sampled batches of fixed shape with a mask.
@@ -1076,9 +1083,16 @@ def poisson_batchify_data(
     :param dataset: a tuple (or list) of arrays with equal leading dimension N,
         or a single array (batches mirror its structure).
     :param float q: sampling probability of every record, in (0, 1].
-    :param int max_batch_size: padded batch length; default: overflow
-        probability at most 1e-18 per step (see :class:`PoissonSampler`).
-    :param rng_suite: PRNG suite for batch selection.
+    :param max_batch_size: padded batch length: an integer in ``[1, N]``, or a
+        float in (0, 1) for that quantile of the batch size distribution;
+        default: overflow probability at most 1e-18 per step (see
+        :class:`PoissonSampler`).
+    :param str handle_oversized_batch: ``"truncate"`` (default) or
+        ``"suppress"``: what a batch of more than ``max_batch_size`` records
+        becomes (see :class:`PoissonSampler`).
+    :param rng_suite: PRNG suite for batch selection. A PRNG suite passed as
+        the fourth positional argument is taken as ``rng_suite`` (the
+        signature without ``handle_oversized_batch``).
     :return: ``(init, get_batch)``: ``init(rng_key) -> (num_batches, state)``
         with ``num_batches = floor(1 / q)``; ``get_batch(i, state)`` returns
         ``(batch, mask)`` with ``mask`` bool of shape ``(max_batch_size,)``,
@@ -1086,10 +1100,15 @@ def poisson_batchify_data(
         ``.sampler``; normalise by ``sampler.expected_batch_size = q N``.
 
     **Formal guarantees.** Those of :class:`PoissonSampler`, including the
-    overflow term added to δ; :data:`ADD_REMOVE` relation.
+    overflow term added to δ (the same for both settings of
+    ``handle_oversized_batch``); :data:`ADD_REMOVE` relation.
     """
+    handle_oversized_batch, rng_suite = _suite_in_place_of(
+        "handle_oversized_batch", handle_oversized_batch, "truncate", rng_suite
+    )
+    rng_suite = _validate.rng_suite("rng_suite", rng_suite)
     arrays, single, n = _check_dataset(dataset)
-    sampler = PoissonSampler(n, q, max_batch_size)
+    sampler = PoissonSampler(n, q, max_batch_size, handle_oversized_batch)
     num_batches = max(1, int(1.0 / sampler.q))
     return _make_batchify(arrays, single, sampler, rng_suite, num_batches, with_mask=True)
 
@@ -1102,8 +1121,10 @@ def _split_indices_jit(rng_key, i, num_records, batch_size, rng_suite):
 
 def split_batchify_data(
     dataset: Dataset,
-    batch_size: int,
+    batch_size: Optional[int] = None,
+    q: Optional[float] = None,
     rng_suite: types.ModuleType = d3p.random,
+    return_mask: bool = False,
 ) -> Tuple[Callable, Callable]:
     """Shuffle-and-split: disjoint batches that together cover an epoch. **Not private.**
 
@@ -1115,14 +1136,22 @@ def split_batchify_data(
     permutation; call ``init`` with a new key for every epoch.
 
     :param dataset: a tuple (or list) of arrays, or a single array.
-    :param int batch_size: B in ``[1, N]``.
-    :param rng_suite: PRNG suite for the permutation.
+    :param int batch_size: B in ``[1, N]``; exactly one of ``batch_size`` and ``q``.
+    :param float q: B = :func:`q_to_batch_size` ``(q, N)``.
+    :param rng_suite: PRNG suite for the permutation. A PRNG suite passed as
+        the third positional argument is taken as ``rng_suite`` (the
+        signature without ``q``).
+    :param bool return_mask: if True, ``get_batch`` returns ``(batch, mask)``
+        with ``mask`` a bool array of shape ``(B,)``, all True.
     :return: ``(init, get_batch)`` as in :func:`subsample_batchify_data`;
         ``num_batches = N // B`` (the last ``N mod B`` positions are skipped).
         ``get_batch.sampler`` is None.
     """
+    q, rng_suite = _suite_in_place_of("q", q, None, rng_suite)
+    rng_suite = _validate.rng_suite("rng_suite", rng_suite)
+    return_mask = _validate.boolean("return_mask", return_mask)
     arrays, single, n = _check_dataset(dataset)
-    batch_size = _check_size("batch_size", batch_size, n)
+    batch_size = _fixed_batch_size(batch_size, q, n)
     num_batches = n // batch_size
 
     def init(rng_key) -> Tuple[int, BatchifyState]:
@@ -1132,7 +1161,8 @@ def split_batchify_data(
     def get_batch(i, state: BatchifyState):
         """The i-th batch of the epoch (``i`` may be traced)."""
         indices = _split_indices_jit(state.rng_key, i, n, batch_size, rng_suite)
-        return take_batch(arrays[0] if single else arrays, indices)
+        batch = take_batch(arrays[0] if single else arrays, indices)
+        return (batch, jnp.ones((batch_size,), bool)) if return_mask else batch
 
     init.sampler = None
     get_batch.sampler = None

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from numpyro.handlers import block, condition, seed, substitute, trace
 
+from d3p import _validate
 from d3p.util import example_count, is_array
 
 __all__ = [
@@ -63,9 +64,7 @@ def get_samples_from_trace(trace: Dict, with_intermediates: bool = False) -> Dic
 
 
 def _check_n(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"Expected n to be an integer >= 1, got n={n!r}.")
-    return n
+    return _validate.integer("n", n, minimum=1)
 
 
 def sample_prior_predictive(

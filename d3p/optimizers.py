@@ -21,7 +21,7 @@ every step, even and odd, as usual. Its state (parameters, the remembered
 points and η) is a function of the private gradients only.
 """
 
-import math
+from functools import partial
 from typing import Any, Callable, NamedTuple, Union
 
 import jax
@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.example_libraries.optimizers import Optimizer
 from numpyro.optim import _NumPyroOptim
+
+from d3p import _validate
 
 __all__ = ["ADADP", "ADADPState", "adadp"]
 
@@ -49,28 +51,50 @@ class ADADPState(NamedTuple):
     lr: jax.Array
 
 
-def _check_number(name: str, value, *, low: float, low_inclusive: bool, high: float = math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not (
-        hasattr(value, "dtype") and jnp.ndim(value) == 0
-    ):
-        raise TypeError(f"Expected {name} to be a number, got {name}={value!r}.")
-    value = float(value)
-    above = value >= low if low_inclusive else value > low
-    if not (above and value <= high):
-        bound = f"{'>=' if low_inclusive else '>'} {low}"
-        if math.isfinite(high):
-            bound += f" and <= {high}"
-        raise ValueError(f"Expected {name} {bound}, got {name}={value}.")
-    return value
+class _Settings(NamedTuple):
+    """The checked constants of one ADADP optimizer."""
+
+    tol: float
+    stability_check: bool
+    alpha_min: float
+    alpha_max: float
 
 
 def _make_schedule(step_size) -> Callable:
     if callable(step_size):
         return step_size
-    value = _check_number("step_size", step_size, low=0.0, low_inclusive=False)
-    if not math.isfinite(value):
-        raise ValueError(f"Expected a finite step_size, got step_size={value}.")
+    value = _validate.positive("step_size", step_size)
     return lambda i: value
+
+
+def _settings(tol, stability_check, alpha_min, alpha_max) -> _Settings:
+    return _Settings(
+        _validate.positive("tol", tol),
+        _validate.boolean("stability_check", stability_check),
+        _validate.number("alpha_min", alpha_min, low=0.0, high=1.0, low_open=True),
+        _validate.number("alpha_max", alpha_max, low=1.0),
+    )
+
+
+def _even_step(g, state: ADADPState) -> ADADPState:
+    """Remember ``x_prev`` and the full step; move to the half step."""
+    x, _, _, lr = state
+    x_full = jax.tree.map(lambda p, d: _step(p, d, lr), x, g)
+    x_half = jax.tree.map(lambda p, d: _step(p, d, 0.5 * lr), x, g)
+    return ADADPState(x_half, x, x_full, lr)
+
+
+def _odd_step(settings: _Settings, g, state: ADADPState) -> ADADPState:
+    """The second half step; adapt η from the discrepancy; reject if unstable."""
+    x, x_prev, x_full, lr = state
+    x2 = jax.tree.map(lambda p, d: _step(p, d, 0.5 * lr), x, g)
+    err = _error(x_full, x2)
+    factor = jnp.clip(jnp.sqrt(settings.tol / err), settings.alpha_min, settings.alpha_max)
+    new_lr = (lr * factor).astype(lr.dtype)
+    if settings.stability_check:
+        reject = err > settings.tol
+        x2 = jax.tree.map(lambda back, new: jnp.where(reject, back, new), x_prev, x2)
+    return ADADPState(x2, x_prev, x_full, new_lr)
 
 
 def adadp(
@@ -123,40 +147,16 @@ def adadp(
     (Array([ 0.9, -2.1], dtype=float32), 0.11)
     """
     schedule = _make_schedule(step_size)
-    tol = _check_number("tol", tol, low=0.0, low_inclusive=False)
-    if not math.isfinite(tol):
-        raise ValueError(f"Expected a finite tol, got tol={tol}.")
-    if not isinstance(stability_check, bool):
-        raise TypeError(f"Expected stability_check to be a bool, got stability_check={stability_check!r}.")
-    alpha_min = _check_number("alpha_min", alpha_min, low=0.0, low_inclusive=False, high=1.0)
-    alpha_max = _check_number("alpha_max", alpha_max, low=1.0, low_inclusive=True)
-    if not math.isfinite(alpha_max):
-        raise ValueError(f"Expected a finite alpha_max, got alpha_max={alpha_max}.")
+    settings = _settings(tol, stability_check, alpha_min, alpha_max)
+    odd_step = partial(_odd_step, settings)
 
     def init(x0) -> ADADPState:
         x0 = jax.tree.map(jnp.asarray, x0)
         lr = jnp.asarray(schedule(0), dtype=jnp.result_type(float))
         return ADADPState(x0, x0, x0, lr)
 
-    def even_step(g, state: ADADPState) -> ADADPState:
-        x, _, _, lr = state
-        x_full = jax.tree.map(lambda p, d: _step(p, d, lr), x, g)
-        x_half = jax.tree.map(lambda p, d: _step(p, d, 0.5 * lr), x, g)
-        return ADADPState(x_half, x, x_full, lr)
-
-    def odd_step(g, state: ADADPState) -> ADADPState:
-        x, x_prev, x_full, lr = state
-        x2 = jax.tree.map(lambda p, d: _step(p, d, 0.5 * lr), x, g)
-        err = _error(x_full, x2)
-        factor = jnp.clip(jnp.sqrt(tol / err), alpha_min, alpha_max)
-        new_lr = (lr * factor).astype(lr.dtype)
-        if stability_check:
-            reject = err > tol
-            x2 = jax.tree.map(lambda back, new: jnp.where(reject, back, new), x_prev, x2)
-        return ADADPState(x2, x_prev, x_full, new_lr)
-
     def update(i, g, state: ADADPState) -> ADADPState:
-        return lax.cond(jnp.asarray(i) % 2 == 0, even_step, odd_step, g, state)
+        return lax.cond(jnp.asarray(i) % 2 == 0, _even_step, odd_step, g, state)
 
     def get_params(state: ADADPState):
         return state.x

@@ -4,29 +4,50 @@
 same constructor arguments (plus the clipping threshold and the noise
 multiplier), the same methods and states, and parameters that work with
 ``numpyro.infer.Predictive`` as after SVI.
+
+The module also keeps d3p 0.2's helpers on lists of gradient parts
+(:func:`full_norm`, :func:`clip_gradient`, :func:`normalize_gradient`) and
+:func:`get_observations_scale`; they accept any pytree as well.
 """
 
+import dataclasses
 import functools
 import math
-import warnings
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm
-from jax import lax
-from jax.extend import core as jex_core
+from jax.flatten_util import ravel_pytree
 from numpyro.handlers import seed, substitute, trace
-from numpyro.infer.svi import SVI, SVIRunResult
+from numpyro.infer.svi import SVI
 from numpyro.optim import Minimize
 
 import d3p.random
-from d3p import gradients
+from d3p import _validate, gradients
 from d3p.gradients import add_gaussian_noise, clipped_grad_sum
 from d3p.random import _threefry
 
-__all__ = ["DPSVI", "DPSVIState", "DPSVIRunResult"]
+from d3p._gradient_lists import (  # noqa: F401 (public, see __all__)
+    _common_scale,
+    _public_number,
+    clip_gradient,
+    full_norm,
+    get_observations_scale,
+    normalize_gradient,
+)
+from d3p._records import _depends_on_inputs, _evaluate_constant_outputs, _records, _split_records
+from d3p._run import _batch_gatherer, _compiled_chunks, _run_with_progress_bar, _RunPlan
+
+__all__ = [
+    "DPSVI",
+    "DPSVIState",
+    "DPSVIRunResult",
+    "full_norm",
+    "clip_gradient",
+    "normalize_gradient",
+    "get_observations_scale",
+]
 
 
 class DPSVIState(NamedTuple):
@@ -38,164 +59,126 @@ class DPSVIState(NamedTuple):
       state (see :class:`DPSVI`).
     - **rng_key** - the key of the PRNG suite (``d3p.random`` by default) from
       which the next step draws its privacy noise and Monte Carlo samples.
+    - **observation_scale** - the likelihood scale of the batch last used by
+      :meth:`DPSVI.init` or :meth:`DPSVI.update`, as d3p 0.2's state held it:
+      the model's scale of one record (the plate's ``N``, times constant
+      ``numpyro.handlers.scale`` factors) over the batch's leading length
+      ``B`` (padded records included), i.e. the plate's ``N / B``. It is a
+      0-d array of JAX's default float dtype, so the state keeps its pytree
+      structure and dtypes as a ``lax.scan``/``fori_loop``/``while_loop``
+      carry. It depends only on shapes and public constants, never on data
+      values. With ``clip_unscaled_observations=False`` DPSVI neither reads
+      nor applies the model's scale (it is not checked to be public) and the
+      field is 1.0. A batch of zero rows has no scale and keeps the previous
+      value. Defaults to ``None`` so that a state can be built from the first
+      three fields; ``update`` keeps ``None`` in such a state (its structure
+      stays the same).
     """
 
     optim_state: Any
     mutable_state: Any
     rng_key: Any
+    observation_scale: Any = None
 
 
-class DPSVIRunResult(SVIRunResult):
-    """:data:`numpyro.infer.svi.SVIRunResult` ``(params, state, losses)`` from
-    :meth:`DPSVI.run`, with the privacy spent as attributes.
-
-    Attributes (not tuple fields, so ``params, state, losses = result`` works
-    as in NumPyro): ``epsilon``, ``delta``, ``relation``, ``sampler`` (``"poisson"`` or
-    ``"fixed_size"``), ``sigma``, ``q``,
-    ``num_steps``. ``losses`` are NOT private.
-    """
+_PRIVACY_FIELD = functools.partial(dataclasses.field, default=None, kw_only=True)
 
 
-#: How the data-validation errors say where shared values belong.
-_SHARED_VALUES_HINT = (
-    "Every argument of init/update/evaluate/run (positional or keyword) is per-record data "
-    "with one row per record; values shared by all records (e.g. N or group-level "
-    "covariates) go to the DPSVI constructor as keyword arguments: DPSVI(..., name=value)."
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["params", "state", "losses"],
+    meta_fields=["epsilon", "delta", "relation", "sampler", "sigma", "q", "num_steps"],
 )
+@dataclasses.dataclass(eq=False)
+class DPSVIRunResult:
+    """The result of :meth:`DPSVI.run`: ``(params, state, losses)`` as NumPyro's
+    :data:`~numpyro.infer.svi.SVIRunResult`, with the privacy spent.
 
+    It behaves as that three-tuple (``params, state, losses = result``,
+    ``result[0]``, ``len(result) == 3``, iteration) without being a tuple:
+    the privacy figures are declared fields beside the three, keyword-only
+    when constructing it. It is a pytree whose leaves are those of ``params``,
+    ``state`` and ``losses``; the privacy figures are static metadata. It is
+    not an instance of ``SVIRunResult`` (a ``NamedTuple`` cannot hold further
+    fields without changing its length).
 
-def _is_number_sequence(x) -> bool:
-    """True for a non-empty plain list or tuple (not a namedtuple) of numbers or
-    strings, possibly nested: one column (or table) of data, rows first."""
-    return (
-        type(x) in (list, tuple)
-        and len(x) > 0
-        and all(isinstance(e, (int, float, complex, str, bytes, np.generic)) or _is_number_sequence(e)
-                for e in x)
-    )
-
-
-def _as_array(x):
-    """``x`` as an array if it is a column or table of data held in something
-    other than an array (a list of numbers, a pandas object, ...); else ``x``."""
-    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        return x
-    if _is_number_sequence(x) or (hasattr(x, "__array__") and hasattr(x, "shape")):
-        return np.asarray(x)
-    return x
-
-
-def _leaf_name(path) -> str:
-    """``args[i]...`` or ``'key'...`` for a path into ``(args, kwargs)``."""
-    head, rest = path[1], path[2:]
-    name = f"args[{head.idx}]" if path[0].idx == 0 else repr(head.key)
-    return name + "".join(str(p) for p in rest)
-
-
-def _check_record_leaf(name: str, x):
-    """Raise unless ``x`` is an array of numbers or booleans with a leading
-    (records) dimension."""
-    if isinstance(x, (bool, int, float, complex, np.generic)) or (
-        isinstance(x, (jax.Array, np.ndarray)) and np.ndim(x) == 0
-    ):
-        raise ValueError(
-            f"Expected {name} to be an array with one row per record, got the scalar "
-            f"{name}={x!r}. {_SHARED_VALUES_HINT}"
-        )
-    if not isinstance(x, (jax.Array, np.ndarray)):
-        raise TypeError(
-            f"Expected {name} to be an array with one row per record, got an object of "
-            f"type {type(x).__name__}. {_SHARED_VALUES_HINT}"
-        )
-    if not (jnp.issubdtype(x.dtype, jnp.number) or jnp.issubdtype(x.dtype, jnp.bool_)):
-        raise TypeError(
-            f"Expected {name} to hold numbers or booleans, got dtype {x.dtype}. Convert "
-            "categorical or text columns to numbers first (e.g. pandas' "
-            "`df.to_numpy(dtype=float)` or category codes)."
-        )
-
-
-def _records(args, kwargs, *, expected_size=None, what="batch"):
-    """The per-record data of ``(args, kwargs)``: ``(leaves, treedef, size)``.
-
-    Every leaf is per-record: lists or tuples of numbers and pandas (or other
-    array-like) objects are converted with ``np.asarray``, their rows the
-    records; lists, tuples and dicts holding arrays are pytree containers. Each
-    leaf must be a numeric or boolean array whose leading dimension is the
-    number of records, the same for all (``expected_size`` if given). Scalars
-    and other objects are refused with an error naming the argument: nothing
-    is treated as shared by the records. The caller's data is never modified.
-    ``jax.tree.unflatten(treedef, leaves)`` gives the (converted) ``(args, kwargs)``.
+    - **params** - the constrained parameters (:meth:`DPSVI.get_params` of ``state``).
+    - **state** - the final :class:`DPSVIState`.
+    - **losses** - the loss of every step; NOT private.
+    - **epsilon** - ε of the run at ``delta``, for its sampler and relation.
+    - **delta** - δ of the guarantee: the target δ plus, under Poisson
+      sampling, the probability that a batch overflowed its padded size.
+    - **relation** - ``"add_remove"`` or ``"substitute"``.
+    - **sampler** - ``"poisson"`` or ``"fixed_size"``.
+    - **sigma** - the noise multiplier (``dp_scale``).
+    - **q** - the sampling probability of each record per step.
+    - **num_steps** - the number of steps (ε covers these steps only).
     """
-    def convert(arg):
-        return jax.tree.map(_as_array, arg, is_leaf=_is_number_sequence)
 
-    converted = (tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()})
-    paths, treedef = jax.tree_util.tree_flatten_with_path(converted)
-    leaves = [x for _, x in paths]
-    names = [_leaf_name(path) for path, _ in paths]
-    size, first_name = expected_size, None
-    for name, leaf in zip(names, leaves):
-        _check_record_leaf(name, leaf)
-        n = int(np.shape(leaf)[0])
-        if size is None:
-            size, first_name = n, name
-        elif n != size:
-            ref = f"{first_name} has {size}" if first_name else f"the {what} has {size} records"
-            raise ValueError(
-                f"Expected every data argument to hold one row per record, but {name} has "
-                f"leading dimension {n} and {ref}. {_SHARED_VALUES_HINT}"
-            )
-    if size is None:
+    params: Any
+    state: Any
+    losses: Any
+    epsilon: Optional[float] = _PRIVACY_FIELD()
+    delta: Optional[float] = _PRIVACY_FIELD()
+    relation: Optional[str] = _PRIVACY_FIELD()
+    sampler: Optional[str] = _PRIVACY_FIELD()
+    sigma: Optional[float] = _PRIVACY_FIELD()
+    q: Optional[float] = _PRIVACY_FIELD()
+    num_steps: Optional[int] = _PRIVACY_FIELD()
+
+    def _triple(self) -> tuple:
+        return (self.params, self.state, self.losses)
+
+    def __iter__(self):
+        return iter(self._triple())
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, index):
+        return self._triple()[index]
+
+
+def _privacy_settings(clipping_threshold, dp_scale):
+    """``(C, sigma)`` as floats: ``C > 0`` and ``sigma >= 0`` finite, except
+    ``C = inf`` together with ``sigma = 0`` (no privacy, for testing)."""
+    C = _validate.positive("clipping_threshold", clipping_threshold, finite=False)
+    s = _validate.non_negative("dp_scale", dp_scale)
+    if math.isinf(C) and s != 0:
         raise ValueError(
-            "Expected at least one per-record data array among the arguments (DP-VI "
-            "needs the records to clip each one's contribution)."
+            f"Expected a finite clipping_threshold, got clipping_threshold={C} with "
+            f"dp_scale={s}: the noise would be infinite. (C=inf is allowed only with "
+            "dp_scale=0, i.e. without privacy.)"
         )
-    return leaves, treedef, size
+    return C, s
 
 
-def _split_records(args, kwargs, *, expected_size=None, what="batch"):
-    """:func:`_records` as ``(leaves, rebuild, size, per_record)``, with
-    ``rebuild(leaves) -> (args, kwargs)`` and ``per_record`` all True."""
-    leaves, treedef, size = _records(args, kwargs, expected_size=expected_size, what=what)
-    return leaves, functools.partial(jax.tree.unflatten, treedef), size, [True] * len(leaves)
+def _optional_count(name, value) -> Optional[int]:
+    """``None``, or an integer ``>= 1``."""
+    return None if value is None else _validate.integer(name, value, minimum=1)
 
 
-def _depends_on_inputs(jaxpr) -> list:
-    """For each output of ``jaxpr``: whether it may depend on any input.
-
-    A conservative forward walk: every output of an equation with at least one
-    dependent operand is dependent, whatever the equation computes (calls,
-    loops and conditionals included, without looking inside them). So False
-    is a proof of independence; True may be a false alarm.
-    """
-    dependent = set(jaxpr.invars)
-    for eqn in jaxpr.eqns:
-        if any(isinstance(v, jex_core.Var) and v in dependent for v in eqn.invars):
-            dependent.update(eqn.outvars)
-    return [isinstance(v, jex_core.Var) and v in dependent for v in jaxpr.outvars]
+def _batch_scale(record_scale: Optional[float], batch_length: int) -> jax.Array:
+    """:attr:`DPSVIState.observation_scale` of a batch of ``batch_length`` rows
+    (``> 0``) whose one-record scale is ``record_scale`` (``None``: 1.0)."""
+    value = 1.0 if record_scale is None else record_scale / batch_length
+    return jnp.asarray(value, dtype=jnp.result_type(float))
 
 
-def _evaluate_constant_outputs(closed) -> list:
-    """The outputs of the closed jaxpr ``closed``, all independent of its
-    inputs (see :func:`_depends_on_inputs`), evaluated now from its constants
-    alone: only the equations they need are run, without any input."""
-    jaxpr = closed.jaxpr
-    needed = {v for v in jaxpr.outvars if isinstance(v, jex_core.Var)}
-    kept = []
-    for eqn in reversed(jaxpr.eqns):
-        if any(v in needed for v in eqn.outvars):
-            kept.append(eqn)
-            needed.update(v for v in eqn.invars if isinstance(v, jex_core.Var))
-    sliced = jaxpr.replace(invars=[], eqns=kept[::-1], debug_info=None)
-    with jax.ensure_compile_time_eval():
-        return jax.core.eval_jaxpr(sliced, closed.consts)
+def _all_finite(tree) -> jax.Array:
+    """Whether every inexact entry of ``tree`` is finite (True for none)."""
+    leaves = [jnp.asarray(x) for x in jax.tree.leaves(tree)]
+    checks = [jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.asarray(checks or [True]))
 
 
-def _check_positive_int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"Expected {name} to be an integer >= {minimum}, got {name}={value!r}.")
-    return int(value)
+def _keep_if_not_finite(old_state, new_state, loss, grad):
+    """:meth:`DPSVI.stable_update`'s guard: ``new_state`` if the noisy gradient
+    and its optimizer state are finite, else ``new_state`` with the optimizer
+    state of ``old_state`` (the key still advances) and a ``nan`` loss."""
+    ok = jnp.all(jnp.isfinite(ravel_pytree(grad)[0])) & _all_finite(new_state.optim_state)
+    optim_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new_state.optim_state, old_state.optim_state)
+    return new_state._replace(optim_state=optim_state), jnp.where(ok, loss, jnp.nan)
 
 
 class DPSVI(SVI):
@@ -284,7 +267,9 @@ class DPSVI(SVI):
         ``"auto"`` (default: chosen from the model's structure, the backend and
         the memory budget), ``"vmap"``, ``"chunked"``, ``"scan"`` or
         ``"ghost"``; all give the same clipped sum and the same privacy (see
-        :func:`d3p.gradients.clipped_grad_sum`).
+        :func:`d3p.gradients.clipped_grad_sum`). The strategy chosen at the
+        latest trace of a step is the attribute ``strategy_choice`` (a
+        :class:`d3p.gradients.StrategyChoice`, None before the first step).
     :param int chunk_size: records per chunk for ``"chunked"`` and ``"ghost"``
         (default: from the memory budget).
     :param int memory_budget_bytes: bytes of per-record gradients (or
@@ -341,38 +326,14 @@ class DPSVI(SVI):
                 "optimizer such as numpyro.optim.Adam."
             )
         super().__init__(model, guide, optim, per_example_loss, **static_kwargs)
-        C = clipping_threshold
-        if isinstance(C, bool) or not isinstance(C, (int, float, np.integer, np.floating)):
-            raise TypeError(f"Expected clipping_threshold to be a number, got {C!r}.")
-        s = dp_scale
-        if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)):
-            raise TypeError(f"Expected dp_scale to be a number, got {s!r}.")
-        if not math.isfinite(s) or s < 0:
-            raise ValueError(f"Expected dp_scale to be finite and >= 0, got dp_scale={s}.")
-        if math.isnan(C) or C <= 0:
-            raise ValueError(f"Expected clipping_threshold > 0, got clipping_threshold={C}.")
-        if math.isinf(C) and s != 0:
-            raise ValueError(
-                f"Expected a finite clipping_threshold, got clipping_threshold={C} with "
-                f"dp_scale={s}: the noise would be infinite. (C=inf is allowed only with "
-                "dp_scale=0, i.e. without privacy.)"
-            )
-        if gradient_strategy not in gradients.STRATEGIES:
-            raise ValueError(
-                f"Expected gradient_strategy in {gradients.STRATEGIES}, got "
-                f"gradient_strategy={gradient_strategy!r}."
-            )
-        if chunk_size is not None:
-            _check_positive_int("chunk_size", chunk_size)
-        if memory_budget_bytes is not None:
-            _check_positive_int("memory_budget_bytes", memory_budget_bytes)
-        self.clipping_threshold = float(C)
-        self.dp_scale = float(s)
-        self.rng_suite = rng_suite
-        self.clip_unscaled_observations = bool(clip_unscaled_observations)
-        self.gradient_strategy = gradient_strategy
-        self.chunk_size = chunk_size
-        self.memory_budget_bytes = memory_budget_bytes
+        self.clipping_threshold, self.dp_scale = _privacy_settings(clipping_threshold, dp_scale)
+        self.rng_suite = _validate.rng_suite("rng_suite", rng_suite)
+        self.clip_unscaled_observations = _validate.boolean(
+            "clip_unscaled_observations", clip_unscaled_observations
+        )
+        self.gradient_strategy = _validate.choice("gradient_strategy", gradient_strategy, gradients.STRATEGIES)
+        self.chunk_size = _optional_count("chunk_size", chunk_size)
+        self.memory_budget_bytes = _optional_count("memory_budget_bytes", memory_budget_bytes)
         # per_example_loss is also available as self.loss (numpyro's name)
         self.per_example_loss = per_example_loss
         # numpyro hands optax transformations the loss value; the loss is not
@@ -381,8 +342,14 @@ class DPSVI(SVI):
         self._optim_value = jnp.zeros(()) if getattr(self.optim, "update_with_value", False) else None
         # the public observation scale per record structure (_observation_scale)
         self._public_scales = {}
+        #: The :class:`d3p.gradients.StrategyChoice` of the most recent trace of
+        #: this DPSVI's step (None before the first): which gradient strategy runs.
+        self.strategy_choice = None
 
     # ---------------------------------------------------------------- helpers
+
+    def _record_choice(self, choice) -> None:
+        self.strategy_choice = choice
 
     def _observation_scale(self, params, treedef, leaves) -> Optional[float]:
         """The public observation scale of one record, a Python float: the
@@ -472,14 +439,7 @@ class DPSVI(SVI):
                 "traced by an enclosing JAX transformation, not a constant. DP-VI needs it "
                 "as a public constant: pass N as a Python number (DPSVI(..., N=N))."
             )
-        values = [np.asarray(v) for v in values]
-        if any(v.shape != () for v in values) or any(not np.allclose(v, values[0]) for v in values):
-            raise ValueError(
-                f"The observed sites {observed_names} have different or non-scalar scales "
-                f"{[v.tolist() for v in values]}. DP-VI needs all observations of a record "
-                "under one plate over the records."
-            )
-        scale = float(values[0])
+        scale = _common_scale(observed_names, values)
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(
                 f"Expected the likelihood scale of the observed site(s) {observed_names} to be "
@@ -544,10 +504,12 @@ class DPSVI(SVI):
                 "leak it without any privacy guarantee."
             )
         # the model's structure and its public scale, now, for a clear early error
-        self._observation_scale(self.optim.get_params(state.optim_state), treedef, records)
-        return DPSVIState(state.optim_state, None, rng_key)
+        scale = self._observation_scale(self.optim.get_params(state.optim_state), treedef, records)
+        return DPSVIState(state.optim_state, None, rng_key, _batch_scale(scale, size))
 
     def _noisy_gradient(self, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
+        """``(state, noisy_gradient, loss)`` of one step (see :meth:`update`);
+        ``state`` has the new key and observation scale, the old optimizer state."""
         self._check_state(svi_state)
         rng_key, grad_key, noise_key = self.rng_suite.split(svi_state.rng_key, 3)
         records, treedef, B = _records(args, kwargs)
@@ -569,11 +531,8 @@ class DPSVI(SVI):
                     "Poisson sampling), never by the realised count."
                 )
             expected_batch_size = B
-        elif not isinstance(expected_batch_size, jax.core.Tracer):
-            if not (float(expected_batch_size) > 0):
-                raise ValueError(
-                    f"Expected expected_batch_size > 0, got expected_batch_size={expected_batch_size}."
-                )
+        else:
+            expected_batch_size = _public_number(_validate.positive, "expected_batch_size", expected_batch_size)
 
         jax_key = self.rng_suite.convert_to_jax_rng_key(grad_key)
         # the Monte Carlo keys of the records: as jax.random.split(jax_key, B),
@@ -598,6 +557,7 @@ class DPSVI(SVI):
             chunk_size=self.chunk_size,
             forward_mode=forward_mode,
             memory_budget_bytes=self.memory_budget_bytes,
+            on_choice=self._record_choice,
         )
         noisy_sum = add_gaussian_noise(
             result.grad_sum, noise_key, self.dp_scale, self.clipping_threshold, self.rng_suite
@@ -607,17 +567,20 @@ class DPSVI(SVI):
         factor = (1.0 if scale is None else scale) / expected_batch_size
         grad = jax.tree.map(lambda g: g * jnp.asarray(factor, g.dtype), noisy_sum)
         loss = jnp.sum(result.losses) * factor
-        return rng_key, grad, loss
+        observation_scale = svi_state.observation_scale
+        if observation_scale is not None and B > 0:
+            observation_scale = _batch_scale(scale, B)
+        return DPSVIState(svi_state.optim_state, None, rng_key, observation_scale), grad, loss
 
-    def update(
-        self,
-        svi_state: DPSVIState,
-        *args,
-        mask: Optional[jax.Array] = None,
-        expected_batch_size: Optional[float] = None,
-        forward_mode_differentiation: bool = False,
-        **kwargs,
-    ):
+    def _step(self, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
+        """One step: ``(new_state, loss, noisy_gradient)``; see :meth:`update`."""
+        state, grad, loss = self._noisy_gradient(svi_state, args, kwargs, mask, expected_batch_size, forward_mode)
+        optim_state = self.optim.update(grad, svi_state.optim_state, value=self._optim_value)
+        return state._replace(optim_state=optim_state), loss, grad
+
+    def update(self, svi_state: DPSVIState, *args, mask: Optional[jax.Array] = None,
+               expected_batch_size: Optional[float] = None, forward_mode_differentiation: bool = False,
+               **kwargs):
         """Take one DP-VI step on a batch.
 
         **Formal guarantees.** Every argument in ``args`` and ``kwargs`` is
@@ -653,21 +616,14 @@ class DPSVI(SVI):
         :return: ``(svi_state, loss)``; ``loss`` is the minibatch ELBO estimate
             computed from the un-noised data and is NOT private.
         """
-        rng_key, grad, loss = self._noisy_gradient(
+        state, loss, _ = self._step(
             svi_state, args, kwargs, mask, expected_batch_size, forward_mode_differentiation
         )
-        optim_state = self.optim.update(grad, svi_state.optim_state, value=self._optim_value)
-        return DPSVIState(optim_state, None, rng_key), loss
+        return state, loss
 
-    def stable_update(
-        self,
-        svi_state: DPSVIState,
-        *args,
-        mask: Optional[jax.Array] = None,
-        expected_batch_size: Optional[float] = None,
-        forward_mode_differentiation: bool = False,
-        **kwargs,
-    ):
+    def stable_update(self, svi_state: DPSVIState, *args, mask: Optional[jax.Array] = None,
+                      expected_batch_size: Optional[float] = None, forward_mode_differentiation: bool = False,
+                      **kwargs):
         """Like :meth:`update`, but keeps the parameters when the step is not finite.
 
         The decision looks only at the noisy gradient and the resulting
@@ -678,18 +634,10 @@ class DPSVI(SVI):
         :return: ``(svi_state, loss)``; ``loss`` is ``nan`` for a skipped step
             and is NOT private.
         """
-        rng_key, grad, loss = self._noisy_gradient(
+        state, loss, grad = self._step(
             svi_state, args, kwargs, mask, expected_batch_size, forward_mode_differentiation
         )
-        new_optim_state = self.optim.update(grad, svi_state.optim_state, value=self._optim_value)
-        flat_grad = jax.flatten_util.ravel_pytree(grad)[0]
-        ok = jnp.all(jnp.isfinite(flat_grad)) & jnp.all(
-            jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_optim_state)
-                         if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)] or [True])
-        )
-        optim_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new_optim_state, svi_state.optim_state)
-        loss = jnp.where(ok, loss, jnp.nan)
-        return DPSVIState(optim_state, None, rng_key), loss
+        return _keep_if_not_finite(svi_state, state, loss, grad)
 
     def evaluate(self, svi_state: DPSVIState, *args, **kwargs):
         """The ELBO loss on the given data at the current parameters.
@@ -716,19 +664,42 @@ class DPSVI(SVI):
             **self.static_kwargs,
         )
 
+    @staticmethod
+    def perturbation_function(rng_suite, rng, values, perturbation_scale):
+        """``values`` plus independent Gaussian noise of standard deviation
+        ``perturbation_scale`` in every entry (d3p 0.2's perturbation step).
+
+        The noise comes from :func:`d3p.gradients.add_gaussian_noise`, the one
+        place where d3p draws privacy noise, with noise multiplier
+        ``perturbation_scale`` and sensitivity 1; every part (pytree leaf) gets
+        its own key, split from ``rng``.
+
+        **Formal guarantees.** If ``values`` has L2 sensitivity 1, the result
+        is the Gaussian mechanism with noise multiplier ``perturbation_scale``;
+        for sensitivity ``C`` pass ``perturbation_scale = sigma * C``. The
+        noise does not depend on ``values``.
+
+        :param rng_suite: the PRNG suite of ``rng`` (e.g. :mod:`d3p.random`).
+        :param rng: a key of ``rng_suite``.
+        :param values: a list or tuple of arrays, or any pytree.
+        :param float perturbation_scale: the noise standard deviation, ``>= 0``
+            and finite.
+        :return: the noisy values, in the same structure.
+        """
+        rng_suite = _validate.rng_suite("rng_suite", rng_suite)
+        scale = _validate.non_negative("perturbation_scale", perturbation_scale)
+        leaves, treedef = jax.tree.flatten(values)
+        if not leaves:
+            return values
+        keys = rng_suite.split(rng, len(leaves))
+        noisy = [add_gaussian_noise(leaf, keys[i], scale, 1.0, rng_suite) for i, leaf in enumerate(leaves)]
+        return jax.tree.unflatten(treedef, noisy)
+
     # ------------------------------------------------------------ accounting
 
-    def get_epsilon(
-        self,
-        target_delta: float,
-        q: float,
-        num_epochs: Optional[float] = None,
-        num_iter: Optional[int] = None,
-        *,
-        relation: Optional[str] = None,
-        accountant: str = "fourier",
-        sampler: Optional[str] = None,
-    ) -> float:
+    def get_epsilon(self, target_delta: float, q: float, num_epochs: Optional[float] = None,
+                    num_iter: Optional[int] = None, *, relation: Optional[str] = None,
+                    accountant: str = "fourier", sampler: Optional[str] = None) -> float:
         """The ε of a run with this DPSVI's ``dp_scale``.
 
         :param float target_delta: δ.
@@ -747,52 +718,33 @@ class DPSVI(SVI):
             :func:`d3p.accounting.accounting_for`. Poisson-sampled runs pass
             ``sampler="poisson"`` (add/remove) for their smaller ε.
         """
-        steps = _num_steps(q, num_epochs, num_iter)
-        return _method_accounting(sampler, relation).epsilon(
-            self.dp_scale, q, steps, target_delta, accountant=accountant
-        )
+        return self._account("epsilon", target_delta, q, num_epochs, num_iter, relation, accountant, sampler)
 
-    def get_delta(
-        self,
-        target_epsilon: float,
-        q: float,
-        num_epochs: Optional[float] = None,
-        num_iter: Optional[int] = None,
-        *,
-        relation: Optional[str] = None,
-        accountant: str = "fourier",
-        sampler: Optional[str] = None,
-    ) -> float:
+    def get_delta(self, target_epsilon: float, q: float, num_epochs: Optional[float] = None,
+                  num_iter: Optional[int] = None, *, relation: Optional[str] = None,
+                  accountant: str = "fourier", sampler: Optional[str] = None) -> float:
         """The δ of a run with this DPSVI's ``dp_scale`` at the given ε.
 
         Arguments as for :meth:`get_epsilon`, with ``target_epsilon`` for δ.
         """
+        return self._account("delta", target_epsilon, q, num_epochs, num_iter, relation, accountant, sampler)
+
+    def _account(self, figure, target, q, num_epochs, num_iter, relation, accountant, sampler) -> float:
+        """The arguments of :meth:`get_epsilon` and :meth:`get_delta` resolved to
+        a number of steps and an accounting, whose ``figure`` (``"epsilon"`` or
+        ``"delta"``) is returned for ``target`` (δ or ε)."""
         steps = _num_steps(q, num_epochs, num_iter)
-        return _method_accounting(sampler, relation).delta(
-            self.dp_scale, q, steps, target_epsilon, accountant=accountant
-        )
+        compute = getattr(_method_accounting(sampler, relation), figure)
+        return compute(self.dp_scale, q, steps, target, accountant=accountant)
 
     # ------------------------------------------------------------------ run
 
-    def run(
-        self,
-        rng_key,
-        num_steps: int,
-        *args,
-        batch_size: Optional[int] = None,
-        q: Optional[float] = None,
-        sampling: str = "poisson",
-        max_batch_size: Optional[int] = None,
-        target_delta: Optional[float] = None,
-        accountant: str = "fourier",
-        relation: Optional[str] = None,
-        progress_bar: bool = True,
-        stable_update: bool = False,
-        forward_mode_differentiation: bool = False,
-        init_state: Optional[DPSVIState] = None,
-        init_params: Optional[dict] = None,
-        **kwargs,
-    ) -> DPSVIRunResult:
+    def run(self, rng_key, num_steps: int, *args, batch_size: Optional[int] = None, q: Optional[float] = None,
+            sampling: str = "poisson", max_batch_size: Optional[int] = None, target_delta: Optional[float] = None,
+            accountant: str = "fourier", relation: Optional[str] = None, progress_bar: bool = True,
+            stable_update: bool = False, forward_mode_differentiation: bool = False,
+            init_state: Optional[DPSVIState] = None, init_params: Optional[dict] = None,
+            **kwargs) -> DPSVIRunResult:
         """Run ``num_steps`` DP-VI steps, each on a fresh random batch of the data.
 
         Unlike :meth:`numpyro.infer.SVI.run`, which uses the data it is given
@@ -840,18 +792,38 @@ class DPSVI(SVI):
             spending is not included in the reported ε).
         :param dict init_params: initial values of param sites.
         :param kwargs: per-record keyword data (``N`` rows each).
-        :return: :class:`DPSVIRunResult` ``(params, state, losses)`` with
-            attributes ``epsilon``, ``delta``, ``relation``, ``sampler``, ``sigma``, ``q``,
-            ``num_steps``. The losses are NOT private.
+        :return: :class:`DPSVIRunResult` ``(params, state, losses)`` with the
+            fields ``epsilon``, ``delta``, ``relation``, ``sampler``, ``sigma``,
+            ``q`` and ``num_steps``. The losses are NOT private.
         """
+        num_steps = _validate.integer("num_steps", num_steps, minimum=1)
+        records, rebuild, N, per_record = _split_records(args, kwargs, what="data")
+        plan = self._run_plan(N, num_steps, batch_size, q, sampling, max_batch_size, target_delta,
+                              accountant, relation)
+        init_key, batch_key = self.rng_suite.split(rng_key, 2)
+        gather = _batch_gatherer(plan.sampler, self.rng_suite, batch_key, rebuild, per_record)
+        svi_state = init_state
+        if svi_state is None:  # initialised on the first batch
+            a, k, _ = gather(records, 0)
+            svi_state = self.init(init_key, *a, init_params=init_params, **k)
+        self._check_state(svi_state)
+        update = self.stable_update if stable_update else self.update
+        run_chunk = _compiled_chunks(update, gather, plan.sampler.expected_batch_size, forward_mode_differentiation)
+        if progress_bar:
+            svi_state, losses = _run_with_progress_bar(run_chunk, svi_state, records, num_steps, plan)
+        else:
+            svi_state, losses = run_chunk(svi_state, jnp.uint32(0), records, num_steps)
+        return self._run_result(svi_state, losses, plan, N, num_steps)
+
+    def _run_plan(self, N, num_steps, batch_size, q, sampling, max_batch_size, target_delta, accountant,
+                  relation) -> "_RunPlan":
+        """:meth:`run`'s sampler and its accounting, from run's arguments."""
         from d3p import accounting, minibatch
 
-        num_steps = _check_positive_int("num_steps", num_steps)
-        records, rebuild, N, per_record = _split_records(args, kwargs, what="data")
         if N < 1:
             raise ValueError("Expected a non-empty data set, got 0 records.")
-        if sampling not in ("poisson", "fixed"):
-            raise ValueError(f"Expected sampling in ('poisson', 'fixed'), got sampling={sampling!r}.")
+        if not (isinstance(sampling, str) and sampling in _SAMPLINGS):  # exactly, as the docs spell them
+            raise ValueError(f"Expected sampling to be one of 'poisson', 'fixed', got sampling={sampling!r}.")
         if (batch_size is None) == (q is None):
             raise ValueError(
                 f"Expected exactly one of batch_size and q for sampling={sampling!r}, got "
@@ -870,86 +842,26 @@ class DPSVI(SVI):
         acc = accounting.accounting_for(sampler.name, relation)
         if target_delta is None:
             target_delta = 1.0 / N**2
-        tracker = acc.tracker(self.dp_scale, sampler.q, target_delta, num_steps=num_steps,
-                              accountant=accountant)
+        tracker = acc.tracker(self.dp_scale, sampler.q, target_delta, num_steps=num_steps, accountant=accountant)
+        return _RunPlan(sampler, acc, tracker, target_delta)
 
-        init_key, batch_key = self.rng_suite.split(rng_key, 2)
-        rng_suite = self.rng_suite
-        expected = sampler.expected_batch_size
-        update = self.stable_update if stable_update else self.update
-
-        def gather(data, i):
-            indices, mask = sampler.sample(rng_suite.fold_in(batch_key, i), rng_suite)
-            batch = [jnp.take(x, indices, axis=0) if p else None for x, p in zip(data, per_record)]
-            a, k = rebuild(batch)
-            return a, k, mask
-
-        if init_state is None:
-            a, k, _ = gather(records, 0)
-            svi_state = self.init(init_key, *a, init_params=init_params, **k)
-        else:
-            self._check_state(init_state)
-            svi_state = init_state
-
-        def body_fn(svi_state, i, data):
-            a, k, mask = gather(data, i)
-            return update(
-                svi_state,
-                *a,
-                mask=mask,
-                expected_batch_size=expected,
-                forward_mode_differentiation=forward_mode_differentiation,
-                **k,
-            )
-
-        @functools.partial(jax.jit, static_argnums=3)
-        def run_chunk(svi_state, start, data, length):
-            steps = start + jnp.arange(length, dtype=jnp.uint32)
-            return lax.scan(lambda s, i: body_fn(s, i, data), svi_state, steps)
-
-        if progress_bar:
-            # Steps run in compiled chunks of about 5% of the run (lax.scan, as
-            # without the bar; at most two chunk lengths are compiled), the bar
-            # advancing after each: one Python dispatch per step would cost
-            # more than a small model's step.
-            chunk = min(max(-(-num_steps // 20), 1), _MAX_BAR_CHUNK)
-            losses = []
-            done = 0
-            with tqdm.tqdm(total=num_steps) as t:
-                while done < num_steps:
-                    length = min(chunk, num_steps - done)
-                    svi_state, chunk_losses = run_chunk(svi_state, jnp.uint32(done), records, length)
-                    losses.append(chunk_losses)
-                    done += length
-                    recent = np.asarray(jax.device_get(chunk_losses))
-                    recent = recent[recent == recent]
-                    avg = float(recent.mean()) if recent.size else float("nan")
-                    t.set_postfix_str(
-                        f"avg. loss: {avg:.4g}, ε ≤ {tracker.epsilon(done):.3g} (δ={target_delta:.2g})",
-                        refresh=False,
-                    )
-                    t.update(length)
-            losses = jnp.concatenate(losses)
-        else:
-            svi_state, losses = run_chunk(svi_state, jnp.uint32(0), records, num_steps)
-
-        result = DPSVIRunResult(self.get_params(svi_state), svi_state, losses)
-        result.epsilon = tracker.epsilon(num_steps)
+    def _run_result(self, svi_state, losses, plan, N, num_steps) -> DPSVIRunResult:
+        """:meth:`run`'s result: the final state with the privacy spent by its steps."""
+        sampler, acc = plan.sampler, plan.accounting
+        epsilon = plan.tracker.epsilon(num_steps)
         # a Poisson batch larger than max_batch_size is truncated: that event's
         # probability adds to δ
-        result.delta = min(1.0, target_delta + acc.overflow_delta(
-            N, sampler.q, sampler.max_batch_size, num_steps, result.epsilon))
-        result.relation = acc.relation
-        result.sampler = acc.sampler
-        result.sigma = self.dp_scale
-        result.q = sampler.q
-        result.num_steps = num_steps
-        return result
+        delta = min(1.0, plan.target_delta + acc.overflow_delta(
+            N, sampler.q, sampler.max_batch_size, num_steps, epsilon))
+        return DPSVIRunResult(
+            self.get_params(svi_state), svi_state, losses, epsilon=epsilon, delta=delta,
+            relation=acc.relation, sampler=acc.sampler, sigma=self.dp_scale, q=sampler.q,
+            num_steps=num_steps,
+        )
 
 
-#: Most steps run between two updates of ``run``'s progress bar.
-_MAX_BAR_CHUNK = 1000
-
+#: The values of :meth:`DPSVI.run`'s ``sampling``.
+_SAMPLINGS = ("poisson", "fixed")
 
 def _method_accounting(sampler, relation):
     """The accounting of :meth:`DPSVI.get_epsilon`/:meth:`DPSVI.get_delta`:
@@ -969,9 +881,7 @@ def _num_steps(q, num_epochs, num_iter) -> int:
             f"num_iter={num_iter}."
         )
     if num_iter is not None:
-        return _check_positive_int("num_iter", num_iter)
-    if not (float(num_epochs) > 0):
-        raise ValueError(f"Expected num_epochs > 0, got num_epochs={num_epochs}.")
-    if not (0 < float(q) <= 1):
-        raise ValueError(f"Expected q in (0, 1], got q={q}.")
-    return max(1, int(math.ceil(float(num_epochs) / float(q))))
+        return _validate.integer("num_iter", num_iter, minimum=1)
+    epochs = _validate.positive("num_epochs", num_epochs)
+    q = _validate.probability("q", q)
+    return max(1, int(math.ceil(epochs / q)))

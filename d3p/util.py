@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from d3p import _validate
+
 __all__ = [
     "is_array",
     "is_scalar",
@@ -266,9 +268,7 @@ def sample_from_array(
 
 
 def _check_d(d) -> int:
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-        raise ValueError(f"Expected d to be an integer >= 1, got d={d!r}.")
-    return int(d)
+    return _validate.integer("d", d, minimum=1)
 
 
 def unvectorize_shape(a: jax.typing.ArrayLike, d: int) -> Tuple[int, ...]:

@@ -31,12 +31,11 @@ Usage::
     python examples/choosing_parameters.py --output-dir /tmp/params
 """
 
-import argparse
 import math
 import os
 import sys
 import textwrap
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import matplotlib
 
@@ -45,14 +44,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import numpyro  # noqa: E402
-import numpyro.distributions as dist  # noqa: E402
 from numpyro.infer import Trace_ELBO  # noqa: E402
 
+import _common as common  # noqa: E402
+from d3p._paper_models import logistic_regression_guide as guide  # noqa: E402
+from d3p._paper_models import logistic_regression_model as model  # noqa: E402
 from d3p.accounting import accounting_for, compute_epsilon  # noqa: E402
 from d3p.dputil import approximate_sigma, approximate_sigma_remove_relation, calibrate_sigma  # noqa: E402
 
-DEFAULT_OUTPUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "output")
 N = 20_000  # records in the (hypothetical) private data set
 D = 10  # features, each scaled to [-1, 1] using PUBLIC bounds (e.g. a questionnaire's ranges)
 
@@ -72,23 +71,6 @@ def table(header: Sequence[str], rows: Sequence[Sequence], fmt: str = "{:>12}") 
     print()
 
 
-# ------------------------------------------------ the model (paper, listing 2)
-
-
-def model(xs, ys, N):
-    batch_size, d = xs.shape
-    w = numpyro.sample("w", dist.Normal(0.0, 4.0), sample_shape=(d,))
-    with numpyro.plate("batch", N, subsample_size=batch_size):
-        numpyro.sample("ys", dist.Bernoulli(logits=xs @ w), obs=ys)
-
-
-def guide(xs, ys, N):
-    d = xs.shape[1]
-    w_loc = numpyro.param("w_loc", jnp.zeros(d))
-    w_scale = jnp.exp(numpyro.param("w_scale_log", jnp.zeros(d)))
-    numpyro.sample("w", dist.Normal(w_loc, w_scale))
-
-
 def per_record_gradient_norms(params, xs, ys, rng_key, num_records):
     """Norms of the per-record gradients that DPSVI clips: the ELBO loss of a
     batch of one record with the plate scale ``N`` undone (so the record's
@@ -103,15 +85,8 @@ def per_record_gradient_norms(params, xs, ys, rng_key, num_records):
     return jnp.sqrt(sum(jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in jax.tree.leaves(grads)))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller tables (CI)")
-    parser.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR,
-                        help="where the PNG goes (default: examples/output/)")
-    args = parser.parse_args(argv)
-    os.makedirs(args.output_dir, exist_ok=True)
-
+def introduce():
+    """The setting of the walkthrough."""
     print("=" * 88)
     print("Choosing ε, δ, C, B (or q), T and σ for a DP-VI run with d3p")
     print("=" * 88)
@@ -123,7 +98,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     little when one person's record changes.
     """)
 
-    # ------------------------------------------------------------------ ε
+
+def choose_epsilon():
+    """Step 1: ε, a policy decision."""
     print("-- Step 1: ε " + "-" * 75)
     say("""
     ε bounds how much any one record can change the probability of any outcome: by a
@@ -139,8 +116,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           [[e, math.exp(e), f"{100 * math.exp(e) / (1 + math.exp(e)):.2f}%"] for e in eps_list])
     epsilon = 1.0
     say(f"We choose ε = {epsilon:g}.")
+    return epsilon
 
-    # ------------------------------------------------------------------ δ
+
+def choose_delta(quick: bool):
+    """Step 2: δ, well below 1/N."""
     print("-- Step 2: δ " + "-" * 75)
     say(f"""
     δ is the probability mass on which the e^ε bound may fail. A mechanism that publishes
@@ -151,14 +131,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """)
     deltas = [1.0 / N, 0.1 / N, 1e-6, 1.0 / N**2, 1e-10]
     rows = []
-    for d_ in deltas if not args.quick else deltas[:3]:
+    for d_ in deltas if not quick else deltas[:3]:
         rows.append([f"{d_:.1e}", compute_epsilon(3.0, 0.005, 20_000, d_, sampler="poisson",
                                                   relation="add_remove")])
     table(["δ", "ε"], rows)
     delta = 1e-6
     say(f"We choose δ = {delta:g} (= 1/(50 N)).")
+    return delta
 
-    # ------------------------------------------------------------------ C
+
+def pilot_gradient_norms():
+    """Per-record gradient norms on synthetic pilot records, at the initial
+    parameters and near a fit; prints their quantiles."""
+    rng = np.random.default_rng(0)
+    n_pilot = 2000
+    xs = rng.uniform(-1, 1, size=(n_pilot, D)).astype(np.float32)
+    w_true = rng.normal(0, 1.5, size=D)
+    ys = (rng.uniform(size=n_pilot) < 1 / (1 + np.exp(-xs @ w_true))).astype(np.float32)
+    init = {"w_loc": jnp.zeros(D), "w_scale_log": jnp.zeros(D)}
+    fitted = {"w_loc": jnp.asarray(w_true, jnp.float32), "w_scale_log": jnp.full(D, -3.0)}
+    key = jax.random.PRNGKey(0)
+    norms_init = np.asarray(per_record_gradient_norms(init, jnp.asarray(xs), jnp.asarray(ys), key, N))
+    norms_fit = np.asarray(per_record_gradient_norms(fitted, jnp.asarray(xs), jnp.asarray(ys), key, N))
+    qs = [0.5, 0.9, 0.99]
+    table(["parameters"] + [f"{int(100 * q)}% quantile" for q in qs] + ["max"],
+          [["initial"] + [float(np.quantile(norms_init, q)) for q in qs] + [float(norms_init.max())],
+           ["near fit"] + [float(np.quantile(norms_fit, q)) for q in qs] + [float(norms_fit.max())]],
+          fmt="{:>15}")
+    return norms_init, norms_fit
+
+
+def choose_clipping_threshold():
+    """Step 3: C, from public bounds and pilot data."""
     print("-- Step 3: the clipping threshold C " + "-" * 52)
     say("""
     Every record's gradient is clipped to norm C and the noise is proportional to C.
@@ -178,21 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     the norms at the initial parameters and at parameters close to a fit (w_loc = w_true)
     on 2 000 synthetic pilot records.
     """)
-    rng = np.random.default_rng(0)
-    n_pilot = 2000
-    xs = rng.uniform(-1, 1, size=(n_pilot, D)).astype(np.float32)
-    w_true = rng.normal(0, 1.5, size=D)
-    ys = (rng.uniform(size=n_pilot) < 1 / (1 + np.exp(-xs @ w_true))).astype(np.float32)
-    init = {"w_loc": jnp.zeros(D), "w_scale_log": jnp.zeros(D)}
-    fitted = {"w_loc": jnp.asarray(w_true, jnp.float32), "w_scale_log": jnp.full(D, -3.0)}
-    key = jax.random.PRNGKey(0)
-    norms_init = np.asarray(per_record_gradient_norms(init, jnp.asarray(xs), jnp.asarray(ys), key, N))
-    norms_fit = np.asarray(per_record_gradient_norms(fitted, jnp.asarray(xs), jnp.asarray(ys), key, N))
-    qs = [0.5, 0.9, 0.99]
-    table(["parameters"] + [f"{int(100 * q)}% quantile" for q in qs] + ["max"],
-          [["initial"] + [float(np.quantile(norms_init, q)) for q in qs] + [float(norms_init.max())],
-           ["near fit"] + [float(np.quantile(norms_fit, q)) for q in qs] + [float(norms_fit.max())]],
-          fmt="{:>15}")
+    norms_init, norms_fit = pilot_gradient_norms()
     Cs = [0.5, 1.0, 2.0, 4.0]
     B_ref, sigma_ref = 200, 1.0
     say(f"""
@@ -208,8 +198,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     Early in training most gradients are large (the fit is poor); near the optimum most
     are small, so a C that clips early records is fine. We choose C = {C:g}.
     """)
+    return C
 
-    # ------------------------------------------------------------------ B, T
+
+def noise_grid(epsilon: float, delta: float, C: float, Bs, Ts) -> Dict:
+    """σ for every (B, T) at (ε, δ); prints them with the noise σC/B in the averaged gradient."""
+    grid = {}
+    rows = []
+    for B in Bs:
+        for T in Ts:
+            q = B / N
+            sigma, eps, _ = approximate_sigma_remove_relation(epsilon, delta, q, T)
+            grid[(B, T)] = sigma
+            rows.append([B, f"{q:.4f}", T, f"{q * T:.3g}", sigma, sigma * C / B])
+    table(["B", "q", "T", "epochs", "σ", "σC/B"], rows)
+    return grid
+
+
+def plot_noise(output_dir: str, grid: Dict, Bs, Ts, epsilon: float, delta: float, C: float) -> str:
+    """The noise σC/B in the averaged gradient against B, one line per T."""
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for T in Ts:
+        ax.plot(Bs, [grid[(B, T)] * C / B for B in Bs], marker="o", label=f"T={T}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("noise std in the averaged gradient, σC/B")
+    ax.set_title(f"ε={epsilon:g}, δ={delta:g}, N={N}, C={C:g} (Poisson, add/remove)", fontsize=9)
+    ax.legend(fontsize=8)
+    return common.save_figure(fig, output_dir, "choosing_parameters.png")
+
+
+def choose_batch_and_steps(args, epsilon: float, delta: float, C: float):
+    """Step 4: B (or q) and T; writes the figure. Returns ``(B, T, path of the PNG)``."""
     print("-- Step 4: batch size B (q = B/N) and number of steps T " + "-" * 32)
     say(f"""
     With (ε, δ) fixed, the accountant turns every (q, T) into a σ. What matters for
@@ -225,30 +246,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         Bs, Ts = [50, 500], [1000, 10_000]
     else:
         Bs, Ts = [20, 100, 500, 2000], [1000, 5000, 20_000, 100_000]
-    grid = {}
-    rows = []
-    for B in Bs:
-        for T in Ts:
-            q = B / N
-            sigma, eps, _ = approximate_sigma_remove_relation(epsilon, delta, q, T)
-            grid[(B, T)] = sigma
-            rows.append([B, f"{q:.4f}", T, f"{q * T:.3g}", sigma, sigma * C / B])
-    table(["B", "q", "T", "epochs", "σ", "σC/B"], rows)
-
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for T in Ts:
-        ax.plot(Bs, [grid[(B, T)] * C / B for B in Bs], marker="o", label=f"T={T}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("batch size B")
-    ax.set_ylabel("noise std in the averaged gradient, σC/B")
-    ax.set_title(f"ε={epsilon:g}, δ={delta:g}, N={N}, C={C:g} (Poisson, add/remove)", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    png = os.path.join(args.output_dir, "choosing_parameters.png")
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-
+    grid = noise_grid(epsilon, delta, C, Bs, Ts)
+    png = plot_noise(args.output_dir, grid, Bs, Ts, epsilon, delta, C)
     B, T = (500, 10_000) if args.quick else (100, 20_000)
     q = B / N
     say(f"""
@@ -256,8 +255,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ({q * T:g} epochs); the loss curves of a non-private pilot run on synthetic data tell
     how many steps the model needs (DP-VI usually needs more than non-private VI).
     """)
+    return B, T, png
 
-    # ------------------------------------------------------------------ σ
+
+def calibrate_and_check(epsilon: float, delta: float, q: float, T: int):
+    """Step 5, first part: σ for d3p's default accounting, checked with two accountants."""
     print("-- Step 5: σ, and checking it " + "-" * 58)
     sigma, eps, evals = approximate_sigma_remove_relation(epsilon, delta, q, T)
     eps_check = compute_epsilon(sigma, q, T, delta, sampler="poisson", relation="add_remove")
@@ -275,6 +277,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     Poisson sampling under add/remove is its default), and {eps_pld:.4f} with
     dp-accounting's PLD accountant.
     """)
+    return sigma, eps
+
+
+def accounting_options(epsilon: float, delta: float, q: float, T: int, C: float, B: int, sigma: float,
+                       eps: float) -> Dict:
+    """σ under each of the three supported accountings; prints them as a table."""
     # the three supported accountings; accounting_for maps each to the pair it composes
     options = [("poisson", "add_remove", "approximate_sigma_remove_relation", "run(...) (default)"),
                ("poisson", "substitute", 'calibrate_sigma(sampler="poisson", relation="substitute")',
@@ -299,6 +307,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for how, function, s_, e_, noise in rows:
         print(f"  {how:<42}{function:<58} {s_:8.4f} {e_:8.4f} {noise:8.4f}")
     print()
+    return found
+
+
+def compare_relations(epsilon: float, delta: float, q: float, T: int, sigma: float, found: Dict) -> None:
+    """The substitute relation's two pairs, and why the midpoint pair is optimistic for fixed-size batches."""
     sigma_ps = found[("poisson", "substitute")]
     sigma_fx = found[("fixed_size", "substitute")]
     eps_fx_at_ps = compute_epsilon(sigma_ps, q, T, delta, sampler="fixed_size", relation="substitute")
@@ -325,9 +338,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     so the same σ gives roughly twice the ε under "substitute".
     """)
 
+
+def put_together(delta: float, C: float, B: int, T: int, q: float, sigma: float, eps: float) -> None:
+    """The DPSVI call the choices add up to."""
     print("Putting it together (d3p's default: Poisson sampling, add/remove relation):")
     print()
-    print(f"    svi = DPSVI(model, guide, numpyro.optim.Adam(1e-3), Trace_ELBO(),")
+    print("    svi = DPSVI(model, guide, numpyro.optim.Adam(1e-3), Trace_ELBO(),")
     print(f"                clipping_threshold={C:g}, dp_scale={sigma:.4f}, N={N})")
     print(f"    result = svi.run(d3p.random.PRNGKey(), {T}, xs, ys, batch_size={B},")
     print(f"                     target_delta={delta:g})   # q = batch_size / N = {q:g}")
@@ -339,7 +355,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     spends budget again: compose them with d3p.accounting.compose_epsilon, or tune on
     public or synthetic data.
     """)
-    print(f"Wrote {png}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = common.parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller tables (CI)")
+    parser.add_argument("--output-dir", default=common.OUTPUT_DIR, help="where the PNG goes (default: examples/output/)")
+    args = parser.parse_args(argv)
+    os.makedirs(args.output_dir, exist_ok=True)
+    introduce()
+    epsilon = choose_epsilon()
+    delta = choose_delta(args.quick)
+    C = choose_clipping_threshold()
+    B, T, png = choose_batch_and_steps(args, epsilon, delta, C)
+    q = B / N
+    sigma, eps = calibrate_and_check(epsilon, delta, q, T)
+    found = accounting_options(epsilon, delta, q, T, C, B, sigma, eps)
+    compare_relations(epsilon, delta, q, T, sigma, found)
+    put_together(delta, C, B, T, q, sigma, eps)
+    common.print_written(png)
     return 0
 
 

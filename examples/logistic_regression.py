@@ -25,37 +25,26 @@ pre-processing reads the private data and is NOT covered by the reported ε
 split and the held-out accuracy are evaluation aids, not part of the release.
 """
 
-import argparse
 import os
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import numpyro
-import numpyro.distributions as dist
-from numpyro.infer import SVI, Trace_ELBO
+import matplotlib
 
-import d3p.random
-from d3p.accounting import accounting_for
-from d3p.dputil import approximate_sigma, approximate_sigma_remove_relation
-from d3p.svi import DPSVI
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import numpyro  # noqa: E402
+from numpyro.infer import SVI, Trace_ELBO  # noqa: E402
 
-
-def model(xs, ys, N):
-    """p(ys, w | xs): logistic regression with w ~ Normal(0, 4) (paper, listing 2)."""
-    batch_size, d = xs.shape
-    w = numpyro.sample("w", dist.Normal(0.0, 4.0).expand([d]).to_event(1))
-    with numpyro.plate("batch", N, subsample_size=batch_size):
-        numpyro.sample("ys", dist.Bernoulli(logits=xs @ w), obs=ys)
-
-
-def guide(xs, ys, N):
-    """q(w): independent Gaussians with learned means and log-scales."""
-    d = xs.shape[1]
-    w_loc = numpyro.param("w_loc", jnp.zeros(d))
-    w_scale = jnp.exp(numpyro.param("w_scale_log", jnp.zeros(d)))
-    numpyro.sample("w", dist.Normal(w_loc, w_scale).to_event(1))
+import _common as common  # noqa: E402
+import d3p.random  # noqa: E402
+from d3p._paper_models import logistic_regression_guide as guide  # noqa: E402
+from d3p._paper_models import logistic_regression_model as model  # noqa: E402
+from d3p.accounting import accounting_for  # noqa: E402
+from d3p.dputil import approximate_sigma, approximate_sigma_remove_relation  # noqa: E402
+from d3p.svi import DPSVI  # noqa: E402
 
 
 def load_data(seed: int):
@@ -78,71 +67,55 @@ def accuracy(params, xs, ys):
     return float(jnp.mean((logits > 0) == (ys > 0.5)))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv=None):
+    parser = common.parser(__doc__)
     parser.add_argument("--epsilon", type=float, default=1.0, help="target ε (default 1)")
     parser.add_argument("--delta", type=float, default=None, help="δ (default 1/N²)")
     parser.add_argument("--batch-size", type=int, default=32,
                         help="B: expected batch size (Poisson sampling, q = B/N) or batch size (fixed)")
-    parser.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
-                        help="poisson (default; add/remove relation) or fixed-size batches without "
-                             "replacement (substitute relation)")
+    parser.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson", help=common.SAMPLING_HELP)
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--clip", type=float, default=1.0, help="clipping threshold C")
     parser.add_argument("--learning-rate", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0, help="seed for the data split and the run")
-    parser.add_argument("--output-dir", default=os.path.join("examples", "output"))
+    parser.add_argument("--output-dir", default=common.OUTPUT_DIR, help=common.OUTPUT_HELP)
     parser.add_argument("--quick", action="store_true", help="a short run (for CI)")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps = min(args.steps, 400)
     if not args.epsilon > 0:
         parser.error(f"--epsilon must be > 0, got {args.epsilon}")
+    return args
 
-    xs, ys, xs_test, ys_test = load_data(args.seed)
-    N, d = xs.shape
-    delta = args.delta if args.delta is not None else 1.0 / N**2
+
+def calibrate(args, N, delta):
+    """σ for the target ε under the accounting of the sampler the run uses."""
     q = args.batch_size / N
-    # the calibration must use the accounting of the sampler the run uses
-    calibrate = approximate_sigma_remove_relation if args.sampling == "poisson" else approximate_sigma
-    how = accounting_for("poisson" if args.sampling == "poisson" else "fixed_size").describe()
+    approximate = approximate_sigma_remove_relation if args.sampling == "poisson" else approximate_sigma
     t0 = time.time()
-    sigma, eps_target_met, _ = calibrate(args.epsilon, delta, q, args.steps)
-    t_sigma = time.time() - t0
-    print(f"breast-cancer data: N={N} training records, d={d} (incl. intercept), "
-          f"{len(xs_test)} held out")
+    sigma, _, _ = approximate(args.epsilon, delta, q, args.steps)
     print(f"calibrated σ={sigma:.4f} for ε={args.epsilon}, δ={delta:.3g}, q={q:.4f}, "
-          f"T={args.steps} ({how}, {t_sigma:.2f} s)")
+          f"T={args.steps} ({common.describe_sampling(args.sampling)}, {time.time() - t0:.2f} s)")
+    return sigma
 
+
+def fit(args, xs, ys, sigma, delta):
+    """The private fit (DPSVI.run) and the non-private one (SVI, full batch), with their seconds."""
+    N = xs.shape[0]
     optimizer = numpyro.optim.Adam(args.learning_rate)
-    dpsvi = DPSVI(model, guide, optimizer, Trace_ELBO(), clipping_threshold=args.clip,
-                  dp_scale=sigma, N=N)
+    dpsvi = DPSVI(model, guide, optimizer, Trace_ELBO(), clipping_threshold=args.clip, dp_scale=sigma, N=N)
     t0 = time.time()
     result = dpsvi.run(d3p.random.PRNGKey(args.seed), args.steps, xs, ys,
                        batch_size=args.batch_size, sampling=args.sampling, target_delta=delta)
     t_dp = time.time() - t0
-
     svi = SVI(model, guide, optimizer, Trace_ELBO(), N=N)
     t0 = time.time()
     ref = svi.run(jax.random.PRNGKey(args.seed), args.steps, xs, ys, progress_bar=False)
-    t_svi = time.time() - t0
+    return result, t_dp, ref, time.time() - t0
 
-    acc_dp = accuracy(result.params, xs_test, ys_test)
-    acc_ref = accuracy(ref.params, xs_test, ys_test)
-    majority = float(max(ys_test.mean(), 1 - ys_test.mean()))
-    # result.sampler and result.relation say how DPSVI.run accounted the run
-    print(f"DPSVI:  ε spent={result.epsilon:.3f} (δ={result.delta:.3g}, "
-          f"{accounting_for(result.sampler, result.relation).describe()}), "
-          f"held-out accuracy {acc_dp:.3f}, {t_dp:.1f} s")
-    print(f"SVI (non-private, full batch): held-out accuracy {acc_ref:.3f}, {t_svi:.1f} s")
-    print(f"majority-class baseline: {majority:.3f}")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(args.output_dir, exist_ok=True)
+def plot(args, result, ref, accuracies):
+    """Loss curves and posterior means ± 2 sd of both fits; returns the PNG's path."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     window = max(1, args.steps // 50)
     smooth = lambda l: np.convolve(np.asarray(l), np.ones(window) / window, mode="valid")  # noqa: E731
@@ -153,7 +126,7 @@ def main(argv=None):
     ax1.set_ylabel(f"ELBO loss (moving average of {window})")
     ax1.set_title("Training loss (the DP loss is not private)")
     ax1.legend()
-    idx = np.arange(d)
+    idx = np.arange(len(result.params["w_loc"]))
     for offset, params, label in ((-0.2, result.params, "DPSVI"), (0.2, ref.params, "SVI")):
         loc = np.asarray(params["w_loc"])
         scale = np.exp(np.asarray(params["w_scale_log"]))
@@ -161,12 +134,31 @@ def main(argv=None):
     ax2.axhline(0, color="grey", lw=0.5)
     ax2.set_xlabel("coefficient")
     ax2.set_ylabel("posterior mean ± 2 sd")
-    ax2.set_title(f"Held-out accuracy: DP {acc_dp:.3f}, non-private {acc_ref:.3f}")
+    ax2.set_title("Held-out accuracy: DP {:.3f}, non-private {:.3f}".format(*accuracies))
     ax2.legend()
-    fig.tight_layout()
-    path = os.path.join(args.output_dir, "logistic_regression.png")
-    fig.savefig(path, dpi=120)
-    print(f"Wrote {path}")
+    os.makedirs(args.output_dir, exist_ok=True)
+    return common.save_figure(fig, args.output_dir, "logistic_regression.png")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    xs, ys, xs_test, ys_test = load_data(args.seed)
+    N, d = xs.shape
+    delta = args.delta if args.delta is not None else 1.0 / N**2
+    print(f"breast-cancer data: N={N} training records, d={d} (incl. intercept), "
+          f"{len(xs_test)} held out")
+    sigma = calibrate(args, N, delta)
+    result, t_dp, ref, t_svi = fit(args, xs, ys, sigma, delta)
+    acc_dp = accuracy(result.params, xs_test, ys_test)
+    acc_ref = accuracy(ref.params, xs_test, ys_test)
+    majority = float(max(ys_test.mean(), 1 - ys_test.mean()))
+    # result.sampler and result.relation say how DPSVI.run accounted the run
+    print(f"DPSVI:  ε spent={result.epsilon:.3f} (δ={result.delta:.3g}, "
+          f"{accounting_for(result.sampler, result.relation).describe()}), "
+          f"held-out accuracy {acc_dp:.3f}, {t_dp:.1f} s")
+    print(f"SVI (non-private, full batch): held-out accuracy {acc_ref:.3f}, {t_svi:.1f} s")
+    print(f"majority-class baseline: {majority:.3f}")
+    common.print_written(plot(args, result, ref, (acc_dp, acc_ref)))
     return {"sigma": sigma, "epsilon": result.epsilon, "sampler": result.sampler, "relation": result.relation,
             "accuracy_dp": acc_dp, "accuracy_svi": acc_ref}
 

@@ -55,6 +55,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+import _common as common  # noqa: E402
 import d3p.random  # noqa: E402
 import d3p.twin as twin  # noqa: E402
 from d3p.accounting import accounting_for  # noqa: E402
@@ -112,36 +113,31 @@ def parse_epsilon(text):
     return v
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv=None):
+    parser = common.parser(__doc__)
     parser.add_argument("--dataset", choices=sorted(DATASETS), default="breast_cancer")
     parser.add_argument("--epsilons", type=parse_epsilon, nargs="+", default=None,
                         help="privacy levels (default 0.5 1 4 inf; --quick: 1 inf)")
     parser.add_argument("--steps", type=int, default=None, help="DP-VI steps (default: d3p.twin's default)")
     parser.add_argument("--components", type=int, default=None, help="mixture components (default: d3p.twin's)")
-    parser.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
-                        help="poisson (default; add/remove relation) or fixed-size batches without "
-                             "replacement (substitute relation)")
+    parser.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson", help=common.SAMPLING_HELP)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="few steps and two privacy levels (for CI)")
-    parser.add_argument("--output-dir", default=os.path.join("examples", "output"))
-    args = parser.parse_args(argv)
-    epsilons = args.epsilons or ([1.0, math.inf] if args.quick else [0.5, 1.0, 4.0, math.inf])
-    steps = args.steps or (30 if args.quick else None)
-    os.makedirs(args.output_dir, exist_ok=True)
+    parser.add_argument("--output-dir", default=common.OUTPUT_DIR, help=common.OUTPUT_HELP)
+    return parser.parse_args(argv)
 
-    frame, target, public_schema = DATASETS[args.dataset]()
-    rng = np.random.default_rng(args.seed)
-    order = rng.permutation(len(frame))
+
+def split(frame, seed: int):
+    """80% of the records for training, the rest held out."""
+    order = np.random.default_rng(seed).permutation(len(frame))
     n_train = int(0.8 * len(frame))
     train = frame.iloc[order[:n_train]].reset_index(drop=True)
     test = frame.iloc[order[n_train:]].reset_index(drop=True)
-    N = len(train)
-    delta = 1.0 / N**2
-    print(f"{args.dataset}: {N} training and {len(test)} test records, {frame.shape[1]} columns, "
-          f"target {target!r}; delta = 1/N^2 = {delta:.3g}")
+    return train, test
 
-    # the schema is fixed once, before any fit (shared by all privacy levels)
+
+def fix_schema(train, public_schema):
+    """The schema, fixed once before any fit (shared by all privacy levels); says what it read from the data."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", twin.SchemaInferenceWarning)
         schema = twin.infer_schema(train, public_schema)
@@ -149,44 +145,42 @@ def main(argv=None):
         print("NOTE:", caught[0].message)
     else:
         print("Schema entirely from public information: nothing read from the data.")
+    return schema
 
-    baseline = twin.utility_metrics(test, twin.uniform_baseline(schema, N, args.seed), schema=schema,
-                                    target=target, real_train=train, baseline=False)
-    rows = [{"epsilon": "uniform baseline", "sigma": None, "num_steps": None, "seconds": None,
-             "mean_marginal_tv": baseline["mean_marginal_tv"],
-             "correlation_mean_abs_difference": baseline["correlation_mean_abs_difference"],
-             "train_on_synthetic": baseline["classification"]["train_on_synthetic"],
-             "train_on_real": baseline["classification"]["train_on_real"],
-             "majority": baseline["classification"]["majority"]}]
-    synthetic_at_1 = None
-    for i, eps in enumerate(epsilons):
-        print(f"\nfitting at epsilon = {eps:g} ...", flush=True)
-        t0 = time.monotonic()
-        tw = twin.fit(train, eps, delta, rng_key=d3p.random.PRNGKey(args.seed + i), schema=schema,
-                      num_steps=steps, num_components=args.components, sampling=args.sampling,
-                      progress_bar=True)
-        syn = tw.generate(N, args.seed)
-        seconds = time.monotonic() - t0
-        same = (list(syn.columns) == list(train.columns)
-                and dict(syn.dtypes.astype(str)) == dict(train.dtypes.astype(str)))
-        m = twin.utility_metrics(test, syn, schema=schema, target=target, real_train=train, baseline=False)
-        p = tw.privacy
-        rows.append({"epsilon": eps, "achieved_epsilon": p["epsilon"], "delta": p["delta"],
-                     "sampling": p["sampling"], "relation": p["relation"], "sigma": p["sigma"],
-                     "num_steps": p["num_steps"], "q": p["q"], "components": tw.model_spec["num_components"],
-                     "seconds": round(seconds, 1), "same_schema": same,
-                     "mean_marginal_tv": m["mean_marginal_tv"],
-                     "correlation_mean_abs_difference": m["correlation_mean_abs_difference"],
-                     "train_on_synthetic": m["classification"]["train_on_synthetic"],
-                     "train_on_real": m["classification"]["train_on_real"],
-                     "majority": m["classification"]["majority"]})
-        how = accounting_for(p["sampling"], p["relation"]).describe()  # how the fit was accounted
-        print(f"  sigma = {p['sigma']:.3g}, epsilon spent = {p['epsilon']:.4g} ({how}), "
-              f"same columns/dtypes: {same}")
-        if eps == 1.0:
-            synthetic_at_1 = (tw, syn)
 
-    # table
+def metrics_row(m, **fields):
+    """A row of the results table: ``fields`` and the utility metrics ``m``."""
+    return dict(fields, mean_marginal_tv=m["mean_marginal_tv"],
+                correlation_mean_abs_difference=m["correlation_mean_abs_difference"],
+                train_on_synthetic=m["classification"]["train_on_synthetic"],
+                train_on_real=m["classification"]["train_on_real"],
+                majority=m["classification"]["majority"])
+
+
+def fit_level(args, i: int, eps: float, data, schema, delta: float):
+    """Fit a twin at ``eps``, sample a table of the training size; returns the row, the twin and the table."""
+    train, test, target = data
+    print(f"\nfitting at epsilon = {eps:g} ...", flush=True)
+    t0 = time.monotonic()
+    tw = twin.fit(train, eps, delta, rng_key=d3p.random.PRNGKey(args.seed + i), schema=schema,
+                  num_steps=args.steps or (30 if args.quick else None), num_components=args.components,
+                  sampling=args.sampling, progress_bar=True)
+    syn = tw.generate(len(train), args.seed)
+    seconds = time.monotonic() - t0
+    same = (list(syn.columns) == list(train.columns)
+            and dict(syn.dtypes.astype(str)) == dict(train.dtypes.astype(str)))
+    m = twin.utility_metrics(test, syn, schema=schema, target=target, real_train=train, baseline=False)
+    p = tw.privacy
+    row = metrics_row(m, epsilon=eps, achieved_epsilon=p["epsilon"], delta=p["delta"], sampling=p["sampling"],
+                      relation=p["relation"], sigma=p["sigma"], num_steps=p["num_steps"], q=p["q"],
+                      components=tw.model_spec["num_components"], seconds=round(seconds, 1), same_schema=same)
+    how = accounting_for(p["sampling"], p["relation"]).describe()  # how the fit was accounted
+    print(f"  sigma = {p['sigma']:.3g}, epsilon spent = {p['epsilon']:.4g} ({how}), "
+          f"same columns/dtypes: {same}")
+    return row, tw, syn
+
+
+def print_table(rows, num_test: int) -> None:
     header = f"{'epsilon':>16} {'sigma':>8} {'steps':>6} {'mean TV':>8} {'corr diff':>9} {'TSTR':>6} {'TRTR':>6} {'time s':>7}"
     print("\n" + header + "\n" + "-" * len(header))
     for r in rows:
@@ -196,14 +190,18 @@ def main(argv=None):
         sec = "" if r["seconds"] is None else f"{r['seconds']:.0f}"
         print(f"{e:>16} {sig:>8} {st:>6} {r['mean_marginal_tv']:8.3f} {r['correlation_mean_abs_difference']:9.3f} "
               f"{r['train_on_synthetic']:6.3f} {r['train_on_real']:6.3f} {sec:>7}")
-    print(f"(TSTR: logistic regression trained on synthetic, tested on the {len(test)} held-out real records; "
+    print(f"(TSTR: logistic regression trained on synthetic, tested on the {num_test} held-out real records; "
           f"TRTR: trained on the real training records; majority class: {rows[0]['majority']:.3f}. "
           "epsilon = inf: sigma = 0 with the same clipping.)")
 
+
+def write_outputs(args, rows, delta, data, synthetic_at_1) -> None:
+    """The results as JSON and PNG, and the ε = 1 synthetic table with its report."""
+    train, test, target = data
     tag = args.dataset + ("_fixed" if args.sampling == "fixed" else "") + ("_quick" if args.quick else "")
     out_json = os.path.join(args.output_dir, f"twin_{tag}_results.json")
     with open(out_json, "w") as f:
-        json.dump({"dataset": args.dataset, "delta": delta, "num_train": N, "num_test": len(test),
+        json.dump({"dataset": args.dataset, "delta": delta, "num_train": len(train), "num_test": len(test),
                    "rows": [{k: (str(v) if isinstance(v, float) and math.isinf(v) else v) for k, v in r.items()}
                             for r in rows]}, f, indent=2)
     out_png = os.path.join(args.output_dir, f"twin_{tag}_epsilon.png")
@@ -216,6 +214,30 @@ def main(argv=None):
         rep = os.path.join(args.output_dir, f"twin_{tag}_report_eps1")
         twin.write_report(test, syn, rep, twin=tw, target=target, real_train=train, overwrite=True)
         print(f"Wrote {csv}\nWrote {rep}/ (report: statistics of the REAL data, not private)")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    epsilons = args.epsilons or ([1.0, math.inf] if args.quick else [0.5, 1.0, 4.0, math.inf])
+    os.makedirs(args.output_dir, exist_ok=True)
+    frame, target, public_schema = DATASETS[args.dataset]()
+    train, test = split(frame, args.seed)
+    N = len(train)
+    delta = 1.0 / N**2
+    print(f"{args.dataset}: {N} training and {len(test)} test records, {frame.shape[1]} columns, "
+          f"target {target!r}; delta = 1/N^2 = {delta:.3g}")
+    schema = fix_schema(train, public_schema)
+    baseline = twin.utility_metrics(test, twin.uniform_baseline(schema, N, args.seed), schema=schema,
+                                    target=target, real_train=train, baseline=False)
+    rows = [metrics_row(baseline, epsilon="uniform baseline", sigma=None, num_steps=None, seconds=None)]
+    synthetic_at_1 = None
+    for i, eps in enumerate(epsilons):
+        row, tw, syn = fit_level(args, i, eps, (train, test, target), schema, delta)
+        rows.append(row)
+        if eps == 1.0:
+            synthetic_at_1 = (tw, syn)
+    print_table(rows, len(test))
+    write_outputs(args, rows, delta, (train, test, target), synthetic_at_1)
 
 
 def plot(rows, path, dataset):

@@ -29,8 +29,9 @@ No data set is downloaded here. This script does two things:
    step of each in turn, so that load from other processes hits all alike;
    wall-clock and CPU time), and the time per epoch (468 steps) they imply.
 
-The networks are plain ``jax.numpy`` functions whose weights are
-``numpyro.param`` sites: no neural-network library is needed.
+The networks (``make_vae`` of the paper's models) are plain ``jax.numpy``
+functions whose weights are ``numpyro.param`` sites: no neural-network library
+is needed.
 
 Outputs (in ``--output-dir``): ``vae_digits_loss.png`` (held-out loss per
 epoch, private and non-private), ``vae_digits_samples.png`` (test digits,
@@ -44,13 +45,10 @@ Usage::
     python examples/vae.py --sampling fixed           # train DP-VI on fixed-size batches
 """
 
-import argparse
-import csv
-import math
 import os
 import sys
 import time
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence
 
 import matplotlib
 
@@ -60,71 +58,21 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import numpyro  # noqa: E402
-import numpyro.distributions as dist  # noqa: E402
 from jax import lax  # noqa: E402
 from numpyro.infer import SVI, Trace_ELBO  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
+import _common as common  # noqa: E402
 import d3p.gradients  # noqa: E402
 import d3p.random  # noqa: E402
+from d3p._paper_models import make_vae, vae_decode, vae_encode  # noqa: E402
 from d3p.accounting import accounting_for  # noqa: E402
 from d3p.minibatch import poisson_batchify_data, subsample_batchify_data  # noqa: E402
 from d3p.svi import DPSVI  # noqa: E402
 
-DEFAULT_OUTPUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "output")
-
-
-# ------------------------------------------------------------------ networks
-
-
-def dense(name: str, n_in: int, n_out: int) -> Callable:
-    """A dense layer whose weights are NumPyro params (Glorot-normal init)."""
-    std = math.sqrt(2.0 / (n_in + n_out))
-    w = numpyro.param(f"{name}_w", lambda key: std * jax.random.normal(key, (n_in, n_out)))
-    b = numpyro.param(f"{name}_b", jnp.zeros(n_out))
-    return lambda x: x @ w + b
-
-
-def make_vae(num_pixels: int, hidden: int, latent: int) -> Tuple[Callable, Callable]:
-    """Model and guide of a VAE with one hidden layer each way.
-
-    Encoder ``num_pixels - hidden - (latent, latent)`` (mean, log-scale),
-    decoder ``latent - hidden - num_pixels`` (Bernoulli logits). Both take the
-    batch ``xs`` ``(B, num_pixels)`` and the data set size ``N`` (a keyword
-    of the DPSVI constructor).
-    """
-
-    def model(xs, N):
-        decoder_hidden = dense("dec_hidden", latent, hidden)
-        decoder_out = dense("dec_out", hidden, num_pixels)
-        with numpyro.plate("batch", N, subsample_size=xs.shape[0]):
-            z = numpyro.sample("z", dist.Normal(0.0, 1.0).expand([latent]).to_event(1))
-            logits = decoder_out(jax.nn.relu(decoder_hidden(z)))
-            numpyro.sample("xs", dist.Bernoulli(logits=logits).to_event(1), obs=xs)
-
-    def guide(xs, N):
-        encoder_hidden = dense("enc_hidden", num_pixels, hidden)
-        encoder_out = dense("enc_out", hidden, 2 * latent)
-        with numpyro.plate("batch", N, subsample_size=xs.shape[0]):
-            out = encoder_out(jax.nn.relu(encoder_hidden(xs)))
-            loc, log_scale = out[:, :latent], out[:, latent:]
-            numpyro.sample("z", dist.Normal(loc, jnp.exp(log_scale)).to_event(1))
-
-    return model, guide
-
 
 def num_params(params: Dict) -> int:
     return int(sum(np.size(v) for v in params.values()))
-
-
-def decode_with(params, z):
-    h = jax.nn.relu(z @ params["dec_hidden_w"] + params["dec_hidden_b"])
-    return jax.nn.sigmoid(h @ params["dec_out_w"] + params["dec_out_b"])
-
-
-def encode_with(params, x, latent):
-    h = jax.nn.relu(x @ params["enc_hidden_w"] + params["enc_hidden_b"])
-    return (h @ params["enc_out_w"] + params["enc_out_b"])[:, :latent]
 
 
 # ---------------------------------------------------------------------- data
@@ -253,20 +201,14 @@ def time_interleaved(steppers: Dict[str, Callable[[int], None]], num_steps: int)
             for name in steppers}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny CI run: 2 digits epochs, 2 timed steps at B=16")
-    parser.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR,
-                        help="where the PNGs and CSV go (default: examples/output/)")
+def parse_args(argv: Optional[Sequence[str]] = None):
+    parser = common.parser(__doc__)
     parser.add_argument("--epochs", type=int, default=None, help="digits epochs (default 100)")
     parser.add_argument("--batch-size", type=int, default=128,
                         help="B (default 128, the paper's): expected batch size (Poisson) "
                              "or batch size (fixed)")
     parser.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
-                        help="DP-VI training batches on the digits: poisson (default; add/remove relation) "
-                             "or fixed-size without replacement (substitute relation)")
+                        help="DP-VI training batches on the digits: " + common.SAMPLING_HELP)
     parser.add_argument("--sigma", type=float, default=1.5, help="noise multiplier σ (default 1.5, the paper's)")
     parser.add_argument("--clipping-threshold", type=float, default=5.0, help="C (default 5)")
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam step size (default 1e-3)")
@@ -278,32 +220,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="DPSVI's per-record gradient strategy (default: DPSVI's default; "
                              "'chunked' holds fewer per-record gradients in memory at once)")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    defaults = dict(epochs=2, timing_steps=2, timing_batch_size=16) if args.quick else \
-        dict(epochs=100, timing_steps=50, timing_batch_size=128)
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    os.makedirs(args.output_dir, exist_ok=True)
-    strategy = {} if args.gradient_strategy is None else dict(gradient_strategy=args.gradient_strategy)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny CI run: 2 digits epochs, 2 timed steps at B=16")
+    parser.add_argument("--output-dir", default=common.OUTPUT_DIR, help=common.OUTPUT_HELP)
+    return common.fill_defaults(parser.parse_args(argv),
+                                quick=dict(epochs=2, timing_steps=2, timing_batch_size=16),
+                                full=dict(epochs=100, timing_steps=50, timing_batch_size=128))
 
-    # ------------------------------------------------------------ digits
-    train_x, test_x = load_binary_digits()
+
+def strategy_kwargs(args) -> Dict:
+    """DPSVI's ``gradient_strategy`` keyword, where ``--gradient-strategy`` sets one."""
+    return {} if args.gradient_strategy is None else dict(gradient_strategy=args.gradient_strategy)
+
+
+def train_on_digits(args, train_x, test_x, hidden: int, latent: int) -> Dict:
+    """DP-VI (``--sampling``) and non-private training on the digits; prints and returns the results."""
     N, B = len(train_x), args.batch_size
-    hidden, latent = 32, 4  # the paper's 400 and 50, scaled by 64/784
     model, guide = make_vae(64, hidden, latent)
     print("VAE on scikit-learn digits (8x8, binarised): "
           f"64-{hidden}-(2x{latent}) encoder, {latent}-{hidden}-64 decoder")
     print(f"  N={N} training / {len(test_x)} test images, B={B} ({'expected ' if args.sampling == 'poisson' else ''}"
           f"batch size of DP-VI), {args.epochs} epochs, Adam({args.learning_rate})")
-
     dpsvi = DPSVI(model, guide, numpyro.optim.Adam(args.learning_rate), Trace_ELBO(),
-                  clipping_threshold=args.clipping_threshold, dp_scale=args.sigma, N=N, **strategy)
-    q = B / N
-    delta = 1.0 / N
-    poisson = args.sampling == "poisson"
+                  clipping_threshold=args.clipping_threshold, dp_scale=args.sigma, N=N, **strategy_kwargs(args))
+    q, delta, poisson = B / N, 1.0 / N, args.sampling == "poisson"
     # the accounting of the sampler the training used (one mapping: accounting_for)
-    acc = accounting_for("poisson" if poisson else "fixed_size")
+    acc = accounting_for(common.sampler_name(args.sampling))
     dp_params, dp_losses, dp_secs, steps = train(dpsvi, train_x, test_x, B, args.epochs, args.seed, poisson)
     total_steps = steps * args.epochs
     eps = dpsvi.get_epsilon(delta, q, num_iter=total_steps, sampler=acc.sampler, relation=acc.relation)
@@ -316,94 +258,113 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"DP-VI {dp_losses[-1]:.2f}, non-private {np_losses[-1]:.2f}")
     print(f"  seconds per epoch ({steps} steps): DP-VI {np.mean(dp_secs[later]):.3f}, "
           f"non-private {np.mean(np_secs[later]):.3f}")
+    return dict(eps=eps, dp_params=dp_params, dp_losses=dp_losses, dp_secs=dp_secs,
+                np_params=np_params, np_losses=np_losses, np_secs=np_secs)
 
-    # ------------------------------------------------------------ timing
+
+def time_paper_network(args) -> Dict:
+    """Per-step timing of the paper's network on MNIST-shaped data; prints and returns the seconds per epoch."""
     data = mnist_shaped(60_000)
     big_model, big_guide = make_vae(784, 400, 50)
     Bt = args.timing_batch_size
-    steps_per_epoch = 60_000 // Bt
     print(f"Timing on MNIST-shaped generated data (N=60000): the paper's 784-400-(2x50) / 50-400-784 "
           f"VAE, B={Bt}, {args.timing_steps} timed steps (gradient strategy: "
           f"{args.gradient_strategy or 'DPSVI default'}) ...", flush=True)
     big_dp = DPSVI(big_model, big_guide, numpyro.optim.Adam(1e-3), Trace_ELBO(),
-                   clipping_threshold=args.clipping_threshold, dp_scale=args.sigma, N=60_000, **strategy)
+                   clipping_threshold=args.clipping_threshold, dp_scale=args.sigma, N=60_000, **strategy_kwargs(args))
     big_np = SVI(big_model, big_guide, numpyro.optim.Adam(1e-3), Trace_ELBO(), N=60_000)
     steppers = {"non-private": make_stepper(big_np, data, Bt, False),
                 "DP-VI": make_stepper(big_dp, data, Bt, True)}
-    choice = d3p.gradients.last_choice()
+    choice = big_dp.strategy_choice
     steppers["DP-VI fixed-size"] = make_stepper(big_dp, data, Bt, False)
     padded = poisson_batchify_data(data, q=Bt / len(data))[1].sampler.max_batch_size
     timed = time_interleaved(steppers, args.timing_steps)
-    dp_step, np_step = timed["DP-VI"]["wall"], timed["non-private"]["wall"]
-    fx_step = timed["DP-VI fixed-size"]["wall"]
-    big_params = num_params(big_np.get_params(big_np.init(
-        jax.random.PRNGKey(0), jnp.asarray(data[:Bt]))))
-    paper_T = 20 * (60_000 // 128)
-    paper_eps_ar = big_dp.get_epsilon(1 / 60_000, 128 / 60_000, num_iter=paper_T, sampler="poisson")
-    paper_eps = big_dp.get_epsilon(1 / 60_000, 128 / 60_000, num_iter=paper_T, sampler="fixed_size")
+    big_params = num_params(big_np.get_params(big_np.init(jax.random.PRNGKey(0), jnp.asarray(data[:Bt]))))
     if choice is not None:
         print(f"  DPSVI's per-record gradients: {choice.strategy} ({choice.reason})")
     print(f"  DP-VI: Poisson-sampled batches, expected size {Bt}, padded to {padded} with a mask; "
           f"DP-VI fixed-size: batches of exactly {Bt}; non-private: batches of exactly {Bt}")
-    print(f"  {big_params} parameters; per step: DP-VI {1e3 * dp_step:.1f} ms, non-private {1e3 * np_step:.1f} ms "
-          f"(wall-clock medians; median ratio per turn {timed['DP-VI']['ratio']:.1f}); CPU time per step: "
-          f"DP-VI {1e3 * timed['DP-VI']['cpu']:.1f} ms, non-private {1e3 * timed['non-private']['cpu']:.1f} ms")
-    fixed = timed["DP-VI fixed-size"]
-    print(f"  DP-VI fixed-size: {1e3 * fx_step:.1f} ms per step (wall-clock median; median ratio per turn "
+    print_timing(timed, big_params, 60_000 // Bt)
+    print_paper_epsilon(big_dp)
+    return {name: t["wall"] * (60_000 // Bt) for name, t in timed.items()}
+
+
+def print_timing(timed: Dict, num_parameters: int, steps_per_epoch: int) -> None:
+    dp, nonpriv, fixed = timed["DP-VI"], timed["non-private"], timed["DP-VI fixed-size"]
+    print(f"  {num_parameters} parameters; per step: DP-VI {1e3 * dp['wall']:.1f} ms, "
+          f"non-private {1e3 * nonpriv['wall']:.1f} ms (wall-clock medians; median ratio per turn "
+          f"{dp['ratio']:.1f}); CPU time per step: "
+          f"DP-VI {1e3 * dp['cpu']:.1f} ms, non-private {1e3 * nonpriv['cpu']:.1f} ms")
+    print(f"  DP-VI fixed-size: {1e3 * fixed['wall']:.1f} ms per step (wall-clock median; median ratio per turn "
           f"{fixed['ratio']:.1f}), CPU time {1e3 * fixed['cpu']:.1f} ms")
     print(f"  per epoch ({steps_per_epoch} steps, from the wall-clock medians): "
-          f"DP-VI {dp_step * steps_per_epoch:.1f} s, DP-VI fixed-size {fx_step * steps_per_epoch:.1f} s, "
-          f"non-private {np_step * steps_per_epoch:.1f} s")
+          f"DP-VI {dp['wall'] * steps_per_epoch:.1f} s, DP-VI fixed-size {fixed['wall'] * steps_per_epoch:.1f} s, "
+          f"non-private {nonpriv['wall'] * steps_per_epoch:.1f} s")
+
+
+def print_paper_epsilon(big_dp) -> None:
+    """The ε of the paper's DP setting under both accountings."""
+    paper_T = 20 * (60_000 // 128)
+    paper_eps_ar = big_dp.get_epsilon(1 / 60_000, 128 / 60_000, num_iter=paper_T, sampler="poisson")
+    paper_eps = big_dp.get_epsilon(1 / 60_000, 128 / 60_000, num_iter=paper_T, sampler="fixed_size")
     print(f"  the paper's DP setting (σ=1.5, q=128/60000, {paper_T} steps = 20 epochs, δ=1/60000): "
           f"ε={paper_eps_ar:.3g} for Poisson sampling (add/remove relation), ε={paper_eps:.3g} for "
           "fixed-size batches (substitute relation); the paper reports ε ≈ 0.5")
 
-    # ------------------------------------------------------------ outputs
-    csv_path = os.path.join(args.output_dir, "vae_results.csv")
-    with open(csv_path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["data", "method", "epoch", "heldout_loss", "seconds"])
-        # the digits rows' DP-VI used --sampling (default Poisson)
-        for name, losses, secs in (("DP-VI", dp_losses, dp_secs), ("non-private", np_losses, np_secs)):
-            for e, (l, s) in enumerate(zip(losses, secs)):
-                w.writerow(["digits", name, e + 1, f"{l:.4f}", f"{s:.4f}"])
-        w.writerow(["mnist-shaped", "DP-VI", "", "", f"{dp_step * steps_per_epoch:.4f}"])
-        w.writerow(["mnist-shaped", "DP-VI fixed-size", "", "", f"{fx_step * steps_per_epoch:.4f}"])
-        w.writerow(["mnist-shaped", "non-private", "", "", f"{np_step * steps_per_epoch:.4f}"])
 
+def write_results(args, digits: Dict, epoch_seconds: Dict) -> str:
+    """The digits losses per epoch and the MNIST-shaped seconds per epoch as ``vae_results.csv``."""
+    rows = []
+    # the digits rows' DP-VI used --sampling (default Poisson)
+    for name, key in (("DP-VI", "dp"), ("non-private", "np")):
+        for e, (l, s) in enumerate(zip(digits[f"{key}_losses"], digits[f"{key}_secs"])):
+            rows.append(["digits", name, e + 1, f"{l:.4f}", f"{s:.4f}"])
+    for name in ("DP-VI", "DP-VI fixed-size", "non-private"):
+        rows.append(["mnist-shaped", name, "", "", f"{epoch_seconds[name]:.4f}"])
+    header = ["data", "method", "epoch", "heldout_loss", "seconds"]
+    return common.write_csv(os.path.join(args.output_dir, "vae_results.csv"), header, rows)
+
+
+def plot_losses(args, digits: Dict) -> str:
     fig, ax = plt.subplots(figsize=(5, 4))
     epochs = np.arange(1, args.epochs + 1)
-    ax.plot(epochs, dp_losses, label=f"DP-VI (σ={args.sigma}, ε={eps:.2g})")
-    ax.plot(epochs, np_losses, label="non-private")
+    ax.plot(epochs, digits["dp_losses"], label=f"DP-VI (σ={args.sigma}, ε={digits['eps']:.2g})")
+    ax.plot(epochs, digits["np_losses"], label="non-private")
     ax.set_xlabel("epoch")
     ax.set_ylabel("held-out loss (neg. ELBO per image)")
     ax.set_title("VAE on digits (8x8)")
     ax.legend()
-    fig.tight_layout()
-    loss_path = os.path.join(args.output_dir, "vae_digits_loss.png")
-    fig.savefig(loss_path, dpi=120)
-    plt.close(fig)
+    return common.save_figure(fig, args.output_dir, "vae_digits_loss.png")
 
+
+def plot_samples(args, digits: Dict, test_x, latent: int) -> str:
+    """Test digits, their reconstructions and samples from both models."""
     k = 8
     z = jax.random.normal(jax.random.PRNGKey(3), (k, latent))
     rows = [("test images", test_x[:k])]
-    for name, p in (("DP-VI", dp_params), ("non-private", np_params)):
-        rows.append((f"{name}: reconstruction", decode_with(p, encode_with(p, test_x[:k], latent))))
-        rows.append((f"{name}: samples", decode_with(p, z)))
+    for name, p in (("DP-VI", digits["dp_params"]), ("non-private", digits["np_params"])):
+        rows.append((f"{name}: reconstruction", vae_decode(p, vae_encode(p, test_x[:k], latent))))
+        rows.append((f"{name}: samples", vae_decode(p, z)))
     fig, axes = plt.subplots(len(rows), k, figsize=(k * 0.8, len(rows) * 0.95))
     for r, (name, imgs) in enumerate(rows):
         for c in range(k):
             axes[r, c].imshow(np.asarray(imgs[c]).reshape(8, 8), cmap="gray_r", vmin=0, vmax=1)
             axes[r, c].axis("off")
         axes[r, 0].set_title(name, fontsize=7, loc="left")
-    fig.tight_layout()
-    img_path = os.path.join(args.output_dir, "vae_digits_samples.png")
-    fig.savefig(img_path, dpi=120)
-    plt.close(fig)
+    return common.save_figure(fig, args.output_dir, "vae_digits_samples.png")
 
-    print(f"Wrote {loss_path}")
-    print(f"Wrote {img_path}")
-    print(f"Wrote {csv_path}")
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.output_dir, exist_ok=True)
+    train_x, test_x = load_binary_digits()
+    hidden, latent = 32, 4  # the paper's 400 and 50, scaled by 64/784
+    digits = train_on_digits(args, train_x, test_x, hidden, latent)
+    epoch_seconds = time_paper_network(args)
+    csv_path = write_results(args, digits, epoch_seconds)
+    loss_path = plot_losses(args, digits)
+    img_path = plot_samples(args, digits, test_x, latent)
+    common.print_written(loss_path, img_path, csv_path)
     return 0
 
 

@@ -13,11 +13,16 @@ import sys
 import numpy as np
 import pytest
 
-from d3p import accounting
+from d3p._accounting import _engine, _fourier, _package, _rdp
 from d3p.dputil import approximate_sigma
 from d3p.accounting import (
     ADD_REMOVE,
+    SAMPLER_RELATIONS,
+    SAMPLERS,
     SUBSTITUTE,
+    Relation,
+    Sampler,
+    accounting_for,
     EpsilonTracker,
     Phase,
     compose_delta,
@@ -59,46 +64,40 @@ PLD_GRID_SLOW = [
 ]
 
 
-def _check_against_pld(relation, sigma, q, steps, delta):
+def _slow(cases):
+    """The cases as parameters marked slow."""
+    return [pytest.param(*case, marks=pytest.mark.slow) for case in cases]
+
+
+@pytest.mark.parametrize("relation", RELATIONS)
+@pytest.mark.parametrize("sigma, q, steps, delta", PLD_GRID + _slow(PLD_GRID_SLOW))
+def test_epsilon_agrees_with_pld(relation, sigma, q, steps, delta):
     ours = compute_epsilon(sigma, q, steps, delta, sampler="poisson", relation=relation)
     ref = compute_epsilon(sigma, q, steps, delta, sampler="poisson", relation=relation, accountant="pld")
     assert abs(ours - ref) <= pld_tol(ref), (ours, ref)
     assert ours >= ref - pld_tol(ref)
 
 
-@pytest.mark.parametrize("relation", RELATIONS)
-@pytest.mark.parametrize("sigma, q, steps, delta", PLD_GRID)
-def test_epsilon_agrees_with_pld(relation, sigma, q, steps, delta):
-    _check_against_pld(relation, sigma, q, steps, delta)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("relation", RELATIONS)
-@pytest.mark.parametrize("sigma, q, steps, delta", PLD_GRID_SLOW)
-def test_epsilon_agrees_with_pld_slow(relation, sigma, q, steps, delta):
-    _check_against_pld(relation, sigma, q, steps, delta)
-
-
-# The two failure cases of fourier-accountant's default grid quoted in the
-# issue (it returns 7.087 for the first and raises for the second). The PLD
-# values were computed with dp-accounting 0.6.0 (interval 1e-4); the slow test
+# Two settings where fourier-accountant's default grid fails (it returns
+# 7.087 for the first and raises for the second). The PLD values were
+# computed with dp-accounting 0.6.0 (interval 1e-4); the slow test
 # recomputes them.
-ISSUE_CASES = [
+DEFAULT_GRID_FAILURES = [
     (0.8, 0.005, 20000, 1e-6, 7.407478134165727),
     (1.0, 0.001, 100000, 1e-5, 1.6380285586406922),
 ]
 
 
-@pytest.mark.parametrize("sigma, q, steps, delta, pld_eps", ISSUE_CASES)
-def test_issue_failure_cases(sigma, q, steps, delta, pld_eps):
+@pytest.mark.parametrize("sigma, q, steps, delta, pld_eps", DEFAULT_GRID_FAILURES)
+def test_default_grid_failure_cases(sigma, q, steps, delta, pld_eps):
     eps = compute_epsilon(sigma, q, steps, delta, relation=ADD_REMOVE)
     assert eps >= pld_eps - pld_tol(pld_eps)
     assert abs(eps - pld_eps) <= pld_tol(pld_eps)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sigma, q, steps, delta, pld_eps", ISSUE_CASES)
-def test_issue_failure_cases_pld_live(sigma, q, steps, delta, pld_eps):
+@pytest.mark.parametrize("sigma, q, steps, delta, pld_eps", DEFAULT_GRID_FAILURES)
+def test_default_grid_failure_cases_pld_live(sigma, q, steps, delta, pld_eps):
     ref = compute_epsilon(sigma, q, steps, delta, relation=ADD_REMOVE, accountant="pld")
     assert ref == pytest.approx(pld_eps, rel=1e-6)
 
@@ -305,7 +304,7 @@ def test_relation_helpers():
 @pytest.mark.parametrize("args, match", [
     ((-1.0, 0.01, 10, 1e-5), "sigma=-1.0"),
     ((float("nan"), 0.01, 10, 1e-5), "sigma=nan"),
-    ((1.0, 1.5, 10, 1e-5), r"q in \(0, 1\], got q=1.5"),
+    ((1.0, 1.5, 10, 1e-5), r"Expected q to be a finite number in \(0, 1\], got q=1.5\."),
     ((1.0, 0.0, 10, 1e-5), "q=0.0"),
     ((1.0, 0.01, 2.5, 1e-5), "num_steps=2.5"),
     ((1.0, 0.01, -3, 1e-5), "num_steps=-3"),
@@ -355,11 +354,11 @@ def test_package_agrees_with_certified_substitute(sigma, q, steps, delta):
     # the package's public get_delta_S on the certifying grid, at the certified
     # ε: within the check's tolerance and never far below (same distribution)
     ph = [Phase(sigma, q, steps)]
-    res = accounting._fourier_certified(SUBSTITUTE, ph, delta=delta)
-    d = accounting._package_delta(SUBSTITUTE, ph, res.value, res.nx, res.L)
+    res = _fourier.certified(SUBSTITUTE, ph, delta=delta)
+    d = _package.package_delta(SUBSTITUTE, ph, res.value, res.nx, res.L)
     assert d is not None
-    assert 0.97 * delta <= d <= delta * (1 + accounting._PACKAGE_CHECK_RTOL)
-    assert accounting._package_agrees(SUBSTITUTE, ph, res.value, delta, res.nx, res.L)
+    assert 0.97 * delta <= d <= delta * (1 + _package.CHECK_RTOL)
+    assert _package.agrees(SUBSTITUTE, ph, res.value, delta, res.nx, res.L)
 
 
 def test_package_disagreement_falls_back_to_rdp(monkeypatch):
@@ -367,19 +366,19 @@ def test_package_disagreement_falls_back_to_rdp(monkeypatch):
     tight = compute_epsilon(1.0, 0.01, 2000, 1e-5, sampler="poisson", relation=SUBSTITUTE)
     tight_delta = compute_delta(1.0, 0.01, 2000, tight, sampler="poisson", relation=SUBSTITUTE)
     # the package reports a δ 5% above the target at the certified ε
-    monkeypatch.setattr(accounting, "_package_delta", lambda rel, phases, eps, nx, L: 1.05e-5)
-    eps, _, engine, _ = accounting._epsilon_impl(SUBSTITUTE, ph, 1e-5, "fourier")
+    monkeypatch.setattr(_package, "package_delta", lambda rel, phases, eps, nx, L: 1.05e-5)
+    eps, _, engine, _ = _engine.epsilon(SUBSTITUTE, ph, 1e-5, "fourier")
     assert engine == "rdp"
-    assert eps == pytest.approx(accounting._rdp_epsilon(SUBSTITUTE, ph, 1e-5)) and eps > 1.02 * tight
+    assert eps == pytest.approx(_rdp.epsilon(SUBSTITUTE, ph, 1e-5)) and eps > 1.02 * tight
     assert compute_delta(1.0, 0.01, 2000, tight, sampler="poisson", relation=SUBSTITUTE) > 1.5 * tight_delta
     # the calibration does not return a σ certified only by the disputed value
     sigma, eps_s, _ = approximate_sigma(1.0, 1e-5, 0.01, 2000)
     assert eps_s <= 1.0
-    assert accounting._rdp_epsilon(SUBSTITUTE, [Phase(sigma, 0.01, 2000)], 1e-5) <= 1.0
+    assert _rdp.epsilon(SUBSTITUTE, [Phase(sigma, 0.01, 2000)], 1e-5) <= 1.0
     # a package that cannot evaluate (an exception, or a δ that is not a
     # probability) is no objection
     for value in (None, 1e200):
-        monkeypatch.setattr(accounting, "_package_delta", lambda rel, phases, eps, nx, L: value)
+        monkeypatch.setattr(_package, "package_delta", lambda rel, phases, eps, nx, L: value)
         assert compute_epsilon(1.0, 0.01, 2000, 1e-5, sampler="poisson", relation=SUBSTITUTE) == tight
     # a disagreement on the certifying grid that a finer grid resolves is none
     grids = []
@@ -388,7 +387,7 @@ def test_package_disagreement_falls_back_to_rdp(monkeypatch):
         grids.append(nx)
         return 2e-5 if len(grids) == 1 else 0.99e-5
 
-    monkeypatch.setattr(accounting, "_package_delta", coarse_only)
+    monkeypatch.setattr(_package, "package_delta", coarse_only)
     assert compute_epsilon(1.0, 0.01, 2000, 1e-5, sampler="poisson", relation=SUBSTITUTE) == tight
     assert len(grids) == 2 and grids[1] == 4 * grids[0]
 
@@ -396,7 +395,7 @@ def test_package_disagreement_falls_back_to_rdp(monkeypatch):
 def test_package_check_small_sigma_large_epsilon():
     # σ = 0.45, q = 0.02, T = 300: the package's density sampling needs a
     # finer grid than the certifying one (its δ there is 3.6 times the target)
-    eps, _, engine, _ = accounting._epsilon_impl(SUBSTITUTE, [Phase(0.45, 0.02, 300)], 1e-5, "fourier")
+    eps, _, engine, _ = _engine.epsilon(SUBSTITUTE, [Phase(0.45, 0.02, 300)], 1e-5, "fourier")
     assert engine == "exact"
     assert eps == pytest.approx(compute_epsilon(0.45, 0.02, 300, 1e-5, sampler="poisson", relation=SUBSTITUTE, accountant="pld"),
                                 abs=pld_tol(eps))
@@ -404,17 +403,17 @@ def test_package_check_small_sigma_large_epsilon():
 
 def test_package_check_not_applied_under_add_remove(monkeypatch):
     called = []
-    monkeypatch.setattr(accounting, "_package_delta", lambda *a: called.append(a) or 1.0)
+    monkeypatch.setattr(_package, "package_delta", lambda *a: called.append(a) or 1.0)
     tight = compute_epsilon(1.0, 0.01, 2000, 1e-5, relation=ADD_REMOVE)
-    assert not called and tight < accounting._rdp_epsilon(ADD_REMOVE, [Phase(1.0, 0.01, 2000)], 1e-5)
+    assert not called and tight < _rdp.epsilon(ADD_REMOVE, [Phase(1.0, 0.01, 2000)], 1e-5)
 
 
 def test_unverifiable_grid_falls_back_to_rdp():
     # a grid cap too small to verify anything: the RDP bound is returned
-    eps, _, engine, _ = accounting._epsilon_impl(
+    eps, _, engine, _ = _engine.epsilon(
         ADD_REMOVE, [Phase(1.0, 0.001, 100000)], 1e-5, "fourier", max_nx=2 ** 12)
     assert engine == "rdp"
-    assert eps == pytest.approx(accounting._rdp_epsilon(ADD_REMOVE, [Phase(1.0, 0.001, 100000)], 1e-5))
+    assert eps == pytest.approx(_rdp.epsilon(ADD_REMOVE, [Phase(1.0, 0.001, 100000)], 1e-5))
 
 
 def test_pmf_epsilon_reader_exact():
@@ -423,6 +422,123 @@ def test_pmf_epsilon_reader_exact():
     p = np.zeros(9)
     p[4] = 0.9   # x = 0
     p[7] = 0.1   # x = 3
-    eps = accounting._eps_from_pmf(x, p, 0.05)
+    eps = _fourier.eps_from_pmf(x, p, 0.05)
     assert 0.1 * (1 - math.exp(eps - 3)) == pytest.approx(0.05)
-    assert accounting._delta_from_pmf(x, p, eps) == pytest.approx(0.05)
+    assert _fourier.delta_from_pmf(x, p, eps) == pytest.approx(0.05)
+
+
+# --------------------------------------------------------------------------
+# the relation and sampler types
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spelling, member", [
+    ("add_remove", ADD_REMOVE), ("Add-Remove", ADD_REMOVE), ("add/remove", ADD_REMOVE), (" REMOVE ", ADD_REMOVE),
+    ("substitute", SUBSTITUTE), ("Substitution", SUBSTITUTE), ("replace", SUBSTITUTE), ("REPLACE_ONE", SUBSTITUTE),
+])
+def test_relation_spellings(spelling, member):
+    assert Relation(spelling) is member
+    assert normalize_relation(spelling) is member
+    assert isinstance(normalize_relation(spelling), Relation)
+
+
+@pytest.mark.parametrize("spelling, member", [
+    ("poisson", Sampler.POISSON), ("Poisson_Batchify_Data", Sampler.POISSON),
+    ("fixed_size", Sampler.FIXED_SIZE), ("fixed-size", Sampler.FIXED_SIZE), ("FIXED", Sampler.FIXED_SIZE),
+    ("feistel", Sampler.FIXED_SIZE), ("without_replacement", Sampler.FIXED_SIZE),
+    ("subsample_batchify_data", Sampler.FIXED_SIZE),
+])
+def test_sampler_spellings(spelling, member):
+    assert Sampler(spelling) is member
+    assert accounting_for(spelling).sampler is member
+
+
+def test_relation_is_its_plain_string():
+    import json
+
+    from d3p import accounting
+
+    assert ADD_REMOVE == "add_remove" and SUBSTITUTE == "substitute"
+    assert isinstance(ADD_REMOVE, str)
+    assert hash(ADD_REMOVE) == hash("add_remove")
+    assert {"add_remove": 1}[ADD_REMOVE] == 1 and {ADD_REMOVE: 1}["add_remove"] == 1
+    assert str(ADD_REMOVE) == "add_remove" and f"{SUBSTITUTE}" == "substitute" and f"{ADD_REMOVE:>11}" == " add_remove"
+    assert repr(ADD_REMOVE) == "'add_remove'" and f"{Sampler.FIXED_SIZE!r}" == "'fixed_size'"
+    assert json.dumps({"relation": SUBSTITUTE}) == '{"relation": "substitute"}'
+    assert accounting.RELATIONS == ("add_remove", "substitute") and SAMPLERS == ("poisson", "fixed_size")
+    assert SAMPLER_RELATIONS["fixed_size"] is SUBSTITUTE
+    acc = accounting_for("fixed", "replace")
+    assert (acc.sampler, acc.relation, acc.pair) == ("fixed_size", "substitute", "add_remove")
+
+
+@pytest.mark.parametrize("kind, value, message, error", [
+    (Relation, "x", "Expected relation to be one of 'add_remove', 'substitute', got relation='x'.", ValueError),
+    (Relation, 5, "Expected relation to be one of 'add_remove', 'substitute', got relation=5.", TypeError),
+    (Sampler, "shuffle", "Expected sampler to be one of 'fixed_size', 'poisson', got sampler='shuffle'.",
+     ValueError),
+])
+def test_unknown_names_raise_the_shared_message(kind, value, message, error):
+    with pytest.raises(error) as e:
+        kind(value)
+    assert str(e.value) == message
+
+
+# --------------------------------------------------------------------------
+# argument checks: the shared messages, the same accepted ranges
+# --------------------------------------------------------------------------
+
+
+def test_shared_messages_and_ranges():
+    with pytest.raises(ValueError, match=r"^Expected sigma to be a number >= 0, got sigma=-1\.0\.$"):
+        compute_epsilon(-1.0, 0.01, 10, 1e-5)
+    with pytest.raises(ValueError, match=r"^Expected delta to be a finite number in \(0, 1\), got delta=1\.0\.$"):
+        compute_epsilon(1.0, 0.01, 10, 1.0)
+    with pytest.raises(TypeError, match="num_steps"):
+        compute_epsilon(1.0, 0.01, True, 1e-5)
+    with pytest.raises(TypeError, match="q='0.1'"):
+        compute_epsilon(1.0, "0.1", 10, 1e-5)
+    # unchanged ranges: q = 1, σ = inf, T = 0, an integral float T
+    assert compute_epsilon(math.inf, 1.0, 10, 1e-5) == 0.0
+    assert compute_epsilon(1.0, 0.01, 0, 1e-5) == 0.0
+    assert compute_epsilon(1.0, 0.01, 100.0, 1e-5) == compute_epsilon(1.0, 0.01, 100, 1e-5)
+    assert compute_epsilon(1.0, 0.01, np.int64(100), 1e-5) == compute_epsilon(1.0, 0.01, 100, 1e-5)
+
+
+# --------------------------------------------------------------------------
+# the monotone search: the side of the answer
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("root", [0.3, 1.0 / 3.0, 2.0 ** -20, 7.77])
+def test_safe_root_answers_on_the_safe_side(root):
+    from d3p._accounting._search import safe_root
+
+    # f <= 0 is safe. Decreasing f, safe end above the root: the answer is
+    # >= the root and close to it
+    up = safe_root(lambda x: root - x, 0.0, 10.0, xtol=1e-9)
+    assert root <= up <= root + 2e-9
+    # increasing f, safe end below the root: the answer is <= the root
+    down = safe_root(lambda x: math.expm1(x) - math.expm1(root), 10.0, 0.0, xtol=1e-9)
+    assert root - 2e-9 <= down <= root
+
+
+def test_safe_root_edges():
+    from d3p._accounting._search import safe_root
+
+    assert safe_root(lambda x: x - 5.0, 1.0, 0.0, xtol=1e-9) == 1.0       # all safe: the unsafe end
+    with pytest.raises(ValueError, match="safe"):
+        safe_root(lambda x: x - 5.0, 0.0, 9.0, xtol=1e-9)                   # the safe end is not safe
+    # infinite values are clipped and NaN counts as unsafe
+    step = safe_root(lambda x: math.inf if x > 2.0 else -math.inf, 4.0, 0.0, xtol=1e-9)
+    assert 2.0 - 2e-9 <= step <= 2.0
+    nan = safe_root(lambda x: math.nan if x > 5.0 else x - 3.0, 8.0, 0.0, xtol=1e-9)
+    assert 3.0 - 2e-9 <= nan <= 3.0
+
+
+def test_gaussian_epsilon_is_rounded_up():
+    from d3p._accounting import _gaussian
+
+    for mu, delta in [(0.5, 1e-5), (1.0, 1e-6), (3.0, 1e-5), (20.0, 1e-8)]:
+        eps = _gaussian.epsilon(mu, delta)
+        assert _gaussian.log_delta(mu, eps) <= math.log(delta)
+        assert _gaussian.log_delta(mu, eps * (1 - 1e-11)) > math.log(delta)

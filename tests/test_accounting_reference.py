@@ -56,15 +56,9 @@ def _check(sigma, q, steps, sampler, relation):
 
 
 @pytest.mark.parametrize("sampler, relation", COMBOS)
-@pytest.mark.parametrize("sigma, q, steps", SETTINGS)
+@pytest.mark.parametrize("sigma, q, steps",
+                         SETTINGS + [pytest.param(*s, marks=pytest.mark.slow) for s in SETTINGS_SLOW])
 def test_epsilon_and_delta_against_dp_accounting(sigma, q, steps, sampler, relation):
-    _check(sigma, q, steps, sampler, relation)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("sampler, relation", COMBOS)
-@pytest.mark.parametrize("sigma, q, steps", SETTINGS_SLOW)
-def test_epsilon_and_delta_against_dp_accounting_slow(sigma, q, steps, sampler, relation):
     _check(sigma, q, steps, sampler, relation)
 
 

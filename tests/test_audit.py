@@ -247,6 +247,148 @@ def test_bad_input_names_the_argument(call, name):
         call()
 
 
+KEY = d3p.random.PRNGKey(0)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: audit.gaussian_step_scores(KEY, True, dp_scale=1.0),
+         "Expected num_runs to be an integer >= 2, got num_runs=True."),
+        (lambda: audit.gaussian_step_scores(KEY, 10.0, dp_scale=1.0),
+         "Expected num_runs to be an integer >= 2, got num_runs=10.0."),
+        (lambda: audit.gaussian_step_scores(KEY, 10, dp_scale="1"),
+         "Expected dp_scale to be a finite number >= 0, got dp_scale='1'."),
+        (lambda: audit.gaussian_step_scores(KEY, 10, dp_scale=1.0, clipping_threshold=True),
+         "Expected clipping_threshold to be a finite number > 0, got clipping_threshold=True."),
+        (lambda: audit.gaussian_step_scores(KEY, 10, dp_scale=1.0, rng_suite="d3p.random"),
+         "Expected rng_suite to be a PRNG suite"),
+        (lambda: audit.gaussian_step_scores(KEY, 10, dp_scale=1.0, relation=1),
+         "Expected relation to be one of 'add_remove', 'substitute', got relation=1."),
+        (lambda: audit.dpsvi_projections(KEY, 10, dp_scale=1.0, q=0.5, num_steps=1, svi_class=int),
+         "Expected svi_class to be DPSVI or a subclass, got svi_class=<class 'int'>."),
+        (lambda: audit.dpsvi_fixed_size_projections(KEY, 10, dp_scale=1.0, batch_size=1.0, num_records=4,
+                                                    num_steps=1),
+         "Expected batch_size to be an integer >= 1, got batch_size=1.0."),
+        (lambda: audit.audit_dpsvi(KEY, 10, dp_scale=1.0, q=0.5, num_steps=1, score_sigma="1"),
+         "Expected score_sigma to be a number > 0, got score_sigma='1'."),
+        (lambda: audit.epsilon_lower_bound([1.0, 2.0], [0.0, 1.0], delta=False),
+         "Expected delta to be a finite number in [0, 1), got delta=False."),
+        (lambda: audit.dp_max_auc("1", 0.0), "Expected epsilon to be a number >= 0, got epsilon='1'."),
+    ],
+)
+def test_wrong_kinds_raise_the_shared_type_error(call, message):
+    """Arguments of the wrong kind raise d3p._validate's error, both a
+    TypeError and a ValueError, with its message naming argument and value."""
+    from d3p._validate import InvalidArgumentType
+
+    with pytest.raises(InvalidArgumentType) as exc:
+        call()
+    assert isinstance(exc.value, TypeError) and isinstance(exc.value, ValueError)
+    assert str(exc.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: audit.gaussian_step_scores(KEY, 10, dp_scale=math.inf), "dp_scale"),
+        (lambda: audit.gaussian_step_scores(KEY, 10, dp_scale=1.0, clipping_threshold=math.inf), "clipping_threshold"),
+        (lambda: audit.gaussian_step_scores(KEY, 10, dp_scale=1.0, canary_norm=2.0), "canary_norm"),
+        (lambda: audit.gaussian_step_scores(KEY, 10, dp_scale=1.0, canary_norm=math.inf), "canary_norm"),
+        (lambda: audit.gaussian_step_scores(KEY, 10, dp_scale=1.0, num_other_records=-1), "num_other_records"),
+        (lambda: audit.gaussian_step_scores(KEY, 10, dp_scale=1.0, dim=1), "dim"),
+        (lambda: audit.gaussian_step_scores(KEY, 10, dp_scale=1.0, runs_per_chunk=0), "runs_per_chunk"),
+        (lambda: audit.dpsvi_projections(KEY, 10, dp_scale=1.0, q=1.5, num_steps=1), "q"),
+        (lambda: audit.dpsvi_projections(KEY, 10, dp_scale=1.0, q=0.5, num_steps=1, num_other_records=0,
+                                         sampler="poisson_sampler"), "num_other_records"),
+        (lambda: audit.dpsvi_fixed_size_projections(KEY, 10, dp_scale=1.0, batch_size=5, num_records=4,
+                                                    num_steps=1), "batch_size"),
+        (lambda: audit.dpsvi_fixed_size_projections(KEY, 10, dp_scale=1.0, batch_size=1, num_records=1,
+                                                    num_steps=1), "num_records"),
+        (lambda: audit.audit_dpsvi(KEY, 10, dp_scale=1.0, q=0.5, num_steps=1, delta=0.0), "delta"),
+        (lambda: audit.audit_dpsvi(KEY, 10, dp_scale=1.0, q=0.5, num_steps=1, sampling="x"), "sampling"),
+        (lambda: audit.audit_dpsvi(KEY, 10, dp_scale=1.0, q=0.5, num_steps=1, score_sigma=0.0), "score_sigma"),
+        (lambda: audit.audit_dpsvi(KEY, 10, dp_scale=1.0, q=0.5, num_steps=1, sampling="fixed",
+                                   threat_model="final_params"), "threat_model"),
+        (lambda: audit.subsampled_gaussian_log_ratio([[0.0]], q=0.5, sigma=0.0), "sigma"),
+        (lambda: audit.dp_max_auc(1.0, 1.5), "delta"),
+    ],
+)
+def test_values_out_of_range_are_refused(call, name):
+    with pytest.raises(ValueError, match=f"Expected {name}"):
+        call()
+
+
+def test_accepted_ranges_include_their_limits():
+    """Infinite ε, threshold and attacker σ, and the edges of every range, are accepted."""
+    assert audit.dp_max_auc(math.inf, 0.0) == 1.0
+    assert audit.dp_max_auc(np.float64(1.0), 1.0) == 1.0
+    b = audit.epsilon_lower_bound([1.0, 2.0], [0.0, 1.0], 0.0, threshold=math.inf)
+    assert b.selection == "fixed" and b.epsilon == 0.0 and b.tpr == 0.0
+    assert np.all(audit.subsampled_gaussian_log_ratio([[3.0, -2.0]], q=1.0, sigma=math.inf) == 0.0)
+    assert audit.clopper_pearson_bounds(np.int64(0), np.int64(5), np.float32(0.5))[0] == 0.0
+    s_in, s_out = audit.gaussian_step_scores(KEY, np.int64(2), dp_scale=0.0, canary_norm=2.5,
+                                             num_other_records=0, dim=2, runs_per_chunk=1)
+    # σ = 0: the canary's gradient (norm 1.25 C) clipped to at most C, nothing else
+    assert np.all(s_in <= 1.0)
+    np.testing.assert_allclose(s_in, 1.0, rtol=1e-4)
+    np.testing.assert_allclose(s_out, 0.0, atol=1e-6)
+
+
+def test_choices_are_case_insensitive_and_reported_canonically():
+    res = audit.audit_gaussian_step(KEY, 200, dp_scale=2.0, relation=" Substitute")
+    assert res.setting["relation"] == "substitute"
+    assert res.epsilon_accountant == pytest.approx(accounting.compute_epsilon(2.0, 1.0, 1, 1e-5, relation="substitute"))
+    res = audit.audit_dpsvi(KEY, 20, dp_scale=2.0, q=0.5, num_steps=2, threat_model="FINAL_PARAMS", sampling="Poisson")
+    assert res.setting["threat_model"] == "final_params" and res.setting["sampling"] == "poisson"
+    assert res.scores_in.shape == (20,)  # the final parameter, not every step
+
+
+def test_dpsvi_projections_do_not_depend_on_chunking():
+    """Run i draws from fold_in(rng_key, i) only, for both DPSVI mechanisms."""
+    for fn, kwargs in [
+        (audit.dpsvi_projections, dict(q=0.5)),
+        (audit.dpsvi_projections, dict(q=0.5, sampler="poisson_sampler")),
+        (audit.dpsvi_fixed_size_projections, dict(batch_size=2, num_records=5)),
+    ]:
+        a = fn(KEY, 5, dp_scale=1.0, num_steps=2, **kwargs)
+        b = fn(KEY, 5, dp_scale=1.0, num_steps=2, runs_per_chunk=3, **kwargs)
+        for x, y in zip(a, b):
+            assert x.shape == (5, 2)
+            np.testing.assert_array_equal(x, y)
+        assert not np.allclose(a[0], a[1])  # the two data sets' runs use different keys
+
+
+def test_dpsvi_setting_and_score_sigma():
+    """The setting lists the audited DPSVI in a fixed order; the attacker's σ is
+    estimated from calibration runs, or is the accounted pair's σ (σ/2 with
+    fixed-size batches) without them, or as given."""
+    keys = ["mechanism", "sigma", "C", "q", "steps", "sampling", "relation", "threat_model", "score_sigma"]
+    res = audit.audit_dpsvi(KEY, 200, dp_scale=2.0, q=0.5, num_steps=2)
+    assert list(res.setting) == keys
+    assert 1.5 < res.setting["score_sigma"] < 2.5  # RMS of pure noise with σ = 2
+    res = audit.audit_dpsvi(KEY, 50, dp_scale=2.0, q=0.5, num_steps=2, sampling="fixed", thresholds=[0.0, 1.0])
+    assert res.setting["score_sigma"] == 1.0 and res.setting["relation"] == "substitute"
+    assert res.setting["q"] == 0.5 and res.bound.selection == "bonferroni"
+    res = audit.audit_dpsvi(KEY, 50, dp_scale=2.0, q=0.3, num_steps=2, sampling="fixed", batch_size=2,
+                            score_sigma=3.0)
+    assert res.setting["score_sigma"] == 3.0 and res.setting["q"] == pytest.approx(2 / 7)
+    p_in, _ = audit.dpsvi_fixed_size_projections(KEY, 50, dp_scale=2.0, batch_size=2, num_records=7, num_steps=2)
+    np.testing.assert_array_equal(res.scores_in, audit.subsampled_gaussian_log_ratio(p_in, 2 / 7, 3.0))
+    res = audit.audit_dpsvi(KEY, 20, dp_scale=2.0, q=0.5, num_steps=2, threat_model="final_params")
+    assert list(res.setting) == [k for k in keys if k != "score_sigma"]
+
+
+def test_dpsvi_scores_without_noise_sum_the_projections():
+    p_in, p_out = audit.dpsvi_projections(KEY, 10, dp_scale=0.0, q=0.5, num_steps=3)
+    s_in, s_out = audit.dpsvi_scores(KEY, 10, dp_scale=0.0, q=0.5, num_steps=3)
+    np.testing.assert_array_equal(s_in, np.sum(p_in, axis=1))
+    np.testing.assert_array_equal(s_out, np.sum(p_out, axis=1))
+    # σ = 0: each step releases exactly whether the canary was sampled
+    np.testing.assert_allclose(p_out, 0.0, atol=1e-3)
+    assert set(np.round(p_in.ravel(), 3)) <= {0.0, 1.0}
+
+
 # ---------------------------------------------------------------------------
 # the audit as a guard of the package
 # ---------------------------------------------------------------------------
@@ -342,6 +484,38 @@ def test_cli_prints_both_epsilons(capsys):
         args.func(args, args.command_parser)
     assert exc.value.code == 2
     assert "dp_scale" in capsys.readouterr().err
+
+
+def test_python_dash_m_d3p_audit_runs_the_command():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "d3p.audit", "--runs", "100", "--seed", "0", "--no-progress"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "epsilon_lower" in proc.stdout and "epsilon_accountant" in proc.stdout
+    assert "RuntimeWarning" not in proc.stderr
+
+
+def test_package_exports_every_public_name_and_functions_stay_short():
+    """d3p.audit re-exports its modules' public names; no function of the
+    package is longer than 80 lines."""
+    import ast
+    import inspect
+    import pathlib
+
+    for name in audit.__all__:
+        obj = getattr(audit, name)
+        assert name == "THREAT_MODELS" or obj.__module__.startswith("d3p.audit."), name
+    assert audit.THREAT_MODELS == ("every_step", "final_params")
+    assert audit.register_audit is audit.add_audit_subparser
+    package = pathlib.Path(inspect.getfile(audit)).parent
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno - node.lineno + 1 <= 80, f"{path.name}: {node.name}"
 
 
 # ---------------------------------------------------------------------------

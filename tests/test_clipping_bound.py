@@ -261,7 +261,7 @@ def test_clip_factor_never_rounds_above_C():
 
 
 # ---------------------------------------------------------------------------
-# the construction, end to end through DPSVI
+# an adversarial record whose ghost norm cancels, end to end through DPSVI
 # ---------------------------------------------------------------------------
 
 
@@ -309,7 +309,7 @@ def test_dpsvi_released_step_moves_at_most_C_for_cancelling_rows(strategy):
         new_state, _ = update(state, x, y, z, mask=jnp.asarray(mask))
         steps[label] = before - _flat(svi.get_params(new_state))
     if strategy == "auto":
-        assert gradients.last_choice().strategy == "ghost"
+        assert svi.strategy_choice.strategy == "ghost"
     # the record's exact gradient is far larger than C, so it is clipped
     grad0 = jax.grad(lambda p: Trace_ELBO().loss(jax.random.PRNGKey(0), p, ls_model, ls_guide,
                                                   x[:1], y[:1], z[:1], N=1))(svi.get_params(state))
@@ -363,14 +363,17 @@ def test_every_product_on_the_clipping_path_is_highest_precision(name):
               "V": jnp.asarray(rng.normal(size=(4, 2)), jnp.float32)}
     records = tuple(jnp.asarray(rng.normal(size=(6, 2, k)), jnp.float32) for k in (3, 2))
     strategy, chunk = STRATEGIES[name]
+    choices = []
     closed = jax.make_jaxpr(
-        lambda p, r, m: clipped_grad_sum(rows_loss_highest, p, r, m, 1.0, strategy=strategy, chunk_size=chunk)
+        lambda p, r, m: clipped_grad_sum(rows_loss_highest, p, r, m, 1.0, strategy=strategy, chunk_size=chunk,
+                                         on_choice=choices.append)
     )(params, records, jnp.ones(6, bool))
     precisions = _dot_precisions(closed.jaxpr)
     assert precisions  # the loss's products are there
     assert all(_is_highest(p) for p in precisions), precisions
+    assert len(choices) == 1
     if name.startswith("ghost"):
-        assert gradients.last_choice().ghost_params == 12 + 8
+        assert choices[0].ghost_params == 12 + 8
         # Gram matrices of both leaves (R = 2) and the clipped sums: our own products
         assert len(precisions) >= 6
     # the check has power: the same loss at default precision is flagged

@@ -14,12 +14,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-import numpyro.distributions as dist
 import pytest
 from numpyro.infer import Trace_ELBO
 
 import d3p.random
 from d3p import _ghost, gradients
+from d3p._paper_models import (
+    hierarchical_logistic_regression_guide,
+    hierarchical_logistic_regression_model,
+    logistic_regression_guide,
+    logistic_regression_model,
+    make_vae,
+)
 from d3p.gradients import STRATEGIES, choose_strategy, clipped_grad_sum
 from d3p.svi import DPSVI
 
@@ -364,76 +370,24 @@ def test_clipped_sum_norm_per_record_never_exceeds_C_with_huge_gradients():
 # ---------------------------------------------------------------------------
 
 
-def vae_model(xs, N, hidden=12, latent=3):
-    B, D = xs.shape
-    W1 = numpyro.param("dec_W1", lambda k: jax.random.normal(k, (latent, hidden)) * 0.5)
-    b1 = numpyro.param("dec_b1", jnp.zeros(hidden))
-    W2 = numpyro.param("dec_W2", lambda k: jax.random.normal(k, (hidden, D)) * 0.5)
-    b2 = numpyro.param("dec_b2", jnp.zeros(D))
-    with numpyro.plate("data", N, subsample_size=B):
-        z = numpyro.sample("z", dist.Normal(0.0, 1.0).expand([latent]).to_event(1))
-        h = jax.nn.relu(z @ W1 + b1)
-        numpyro.sample("x", dist.Bernoulli(logits=h @ W2 + b2).to_event(1), obs=xs)
-
-
-def vae_guide(xs, N, hidden=12, latent=3):
-    B, D = xs.shape
-    W1 = numpyro.param("enc_W1", lambda k: jax.random.normal(k, (D, hidden)) * 0.5)
-    b1 = numpyro.param("enc_b1", jnp.zeros(hidden))
-    Wm = numpyro.param("enc_Wm", lambda k: jax.random.normal(k, (hidden, latent)) * 0.1)
-    bm = numpyro.param("enc_bm", jnp.zeros(latent))
-    Ws = numpyro.param("enc_Ws", lambda k: jax.random.normal(k, (hidden, latent)) * 0.1)
-    bs = numpyro.param("enc_bs", jnp.zeros(latent))
-    with numpyro.plate("data", N, subsample_size=B):
-        h = jax.nn.relu(xs @ W1 + b1)
-        numpyro.sample("z", dist.Normal(h @ Wm + bm, jnp.exp(h @ Ws + bs)).to_event(1))
-
-
-def logreg_model(xs, ys, N):
-    w = numpyro.sample("w", dist.Normal(0.0, 4.0).expand([xs.shape[1]]).to_event(1))
-    with numpyro.plate("batch", N, subsample_size=xs.shape[0]):
-        numpyro.sample("ys", dist.Bernoulli(logits=xs @ w), obs=ys)
-
-
-def logreg_guide(xs, ys, N):
-    d = xs.shape[1]
-    loc = numpyro.param("w_loc", jnp.zeros(d))
-    scale = jnp.exp(numpyro.param("w_scale_log", jnp.zeros(d)))
-    numpyro.sample("w", dist.Normal(loc, scale).to_event(1))
-
-
-def hlogreg_model(xs, ys, ls, N, gs):
-    D = xs.shape[1]
-    L, K = gs.shape
-    M = numpyro.sample("M", dist.Normal(0.0, 4.0).expand([D, K]).to_event(2))
-    with numpyro.plate("group", L, L):
-        ws = numpyro.sample("ws", dist.Normal(gs @ M.T, 1.0).to_event(1))
-    with numpyro.plate("batch", N, subsample_size=xs.shape[0]):
-        thetas = jax.nn.sigmoid(jnp.einsum("nd,nd->n", xs, ws[ls]))
-        numpyro.sample("ys", dist.Bernoulli(thetas), obs=ys)
-
-
-def hlogreg_guide(xs, ys, ls, N, gs):
-    D, K = xs.shape[1], gs.shape[1]
-    loc = numpyro.param("M_loc", jnp.zeros((D, K)))
-    scale = jnp.exp(numpyro.param("M_scale_log", jnp.zeros((D, K))))
-    numpyro.sample("M", dist.Normal(loc, scale).to_event(2))
+VAE_MODEL, VAE_GUIDE = make_vae(num_pixels=8, hidden=12, latent=3)
 
 
 def _paper_problem(name, B=10):
     rng = np.random.default_rng(7)
     if name == "vae":
         data = ((rng.random((B, 8)) < 0.3).astype(np.float32),)
-        return vae_model, vae_guide, data, {"N": 1000}, {"dec_W1", "dec_W2", "enc_W1", "enc_Wm", "enc_Ws"}
+        return VAE_MODEL, VAE_GUIDE, data, {"N": 1000}, {"dec_hidden_w", "dec_out_w", "enc_hidden_w", "enc_out_w"}
     if name == "logreg":
         xs = rng.normal(size=(B, 4)).astype(np.float32)
         ys = (rng.random(B) < 0.5).astype(np.float32)
-        return logreg_model, logreg_guide, (xs, ys), {"N": 1000}, set()
+        return logistic_regression_model, logistic_regression_guide, (xs, ys), {"N": 1000}, set()
     xs = rng.normal(size=(B, 3)).astype(np.float32)
     ys = (rng.random(B) < 0.5).astype(np.float32)
     ls = rng.integers(0, 3, B).astype(np.int32)
     gs = jnp.asarray(rng.normal(size=(3, 2)), jnp.float32)
-    return hlogreg_model, hlogreg_guide, (xs, ys, ls), {"N": 500, "gs": gs}, set()
+    return (hierarchical_logistic_regression_model, hierarchical_logistic_regression_guide, (xs, ys, ls),
+            {"N": 500, "gs": gs}, set())
 
 
 def _elbo_record_loss(model, guide, shared):
@@ -488,7 +442,7 @@ def test_dpsvi_strategy_changes_neither_noise_nor_result():
         update = jax.jit(svi.update)
         results[strategy] = _flat(svi.get_params(update(state, *data, mask=mask)[0]))
         if strategy == "auto":
-            assert gradients.last_choice().strategy == "ghost"
+            assert svi.strategy_choice.strategy == "ghost"
             # another noise key, same data and parameters
             other = state._replace(rng_key=d3p.random.PRNGKey(1))
             results["other key"] = _flat(svi.get_params(update(other, *data, mask=mask)[0]))
@@ -552,13 +506,16 @@ def test_loss_closing_over_traced_values():
     """A loss that closes over a value traced by an outer jit still takes the ghost path."""
     params, (x, y) = _mlp_case(7, B=10)
 
+    choices = []
+
     @jax.jit
     def run(scale):
         loss = lambda p, r: mlp_loss(p, r) * scale  # noqa: E731
-        return [clipped_grad_sum(loss, params, (x, y), None, 1.0, strategy=s) for s in ("vmap", "ghost")]
+        return [clipped_grad_sum(loss, params, (x, y), None, 1.0, strategy=s, on_choice=choices.append)
+                for s in ("vmap", "ghost")]
 
     ref, got = run(jnp.float32(3.0))
-    assert gradients.last_choice().strategy == "ghost"
+    assert [c.strategy for c in choices] == ["vmap", "ghost"]
     assert_same_sum(got, ref)
 
 
@@ -598,3 +555,50 @@ def test_forward_mode_is_supported_by_the_non_ghost_strategies():
     for got in out.values():
         assert_same_sum(got, ref, rtol=1e-4, atol_rel=1e-5)
 
+
+
+# ---------------------------------------------------------------------------
+# one copy of each privacy primitive, shared by every strategy
+# ---------------------------------------------------------------------------
+
+
+def _spy(monkeypatch, module, name):
+    """Count the calls of ``module.name`` (looked up at call time by its users)."""
+    calls = []
+    real = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        calls.append(name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["vmap", "chunked3", "scan", "ghost", "ghost_chunked3"])
+def test_every_strategy_uses_the_shared_norm_bound_and_clip_factor(monkeypatch, name):
+    """A strategy with its own copy of the norm bound or the clip factor would
+    not call the shared one (a drifted copy is a privacy bug)."""
+    params, (x, y) = _mlp_case(10, B=6)
+    norm_calls = _spy(monkeypatch, gradients, "_norm_bound")
+    factor_calls = _spy(monkeypatch, gradients, "_clip_factor")
+    choices = []
+    strategy, chunk = VARIANTS.get(name, (name, None))
+    jax.make_jaxpr(lambda p, r: clipped_grad_sum(mlp_loss, p, r, None, 1.0, strategy=strategy,
+                                                 chunk_size=chunk, on_choice=choices.append))(params, (x, y))
+    expected = {"vmap": "vmap", "chunked": "chunked", "scan": "chunked", "ghost": "ghost"}[strategy]
+    assert len(choices) == 1 and choices[0].strategy == expected
+    assert norm_calls and len(factor_calls) == 1
+
+
+def test_clip_gradient_total_norm_and_noise_use_the_shared_primitives(monkeypatch):
+    norm_calls = _spy(monkeypatch, gradients, "_norm_bound")
+    factor_calls = _spy(monkeypatch, gradients, "_clip_factor")
+    std_calls = _spy(monkeypatch, gradients, "noise_std")
+    grad = {"w": jnp.array([3.0, 4.0]), "b": jnp.array([1.0])}
+    clipped, norm = gradients.clip_gradient(grad, 1.0)
+    assert norm_calls and len(factor_calls) == 1
+    # total_norm is the bound clip_gradient clips with
+    assert float(gradients.total_norm(grad)) == float(norm)
+    gradients.add_gaussian_noise(grad, d3p.random.PRNGKey(0), 1.0, 1.0)
+    assert std_calls == ["noise_std"]

@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 import d3p.random
+from d3p._validate import InvalidArgumentType
 from d3p.gradients import (
+    StrategyChoice,
     add_gaussian_noise,
+    choose_strategy,
     clip_gradient,
     clipped_grad_sum,
     noise_std,
@@ -209,3 +212,83 @@ def test_bad_strategy_and_mask():
         clipped_grad_sum(_loss, PARAMS, (xs, ys), None, 1.0, strategy="magic")
     with pytest.raises(ValueError, match="mask"):
         clipped_grad_sum(_loss, PARAMS, (xs, ys), jnp.ones(3, bool), 1.0)
+
+
+def test_on_choice_reports_the_choice_once_per_trace():
+    xs, ys = _records()
+    seen = []
+
+    @jax.jit
+    def run(xs, ys):
+        return clipped_grad_sum(_loss, PARAMS, (xs, ys), None, 1.0, strategy="chunked", chunk_size=3,
+                                on_choice=seen.append)
+
+    run(xs, ys)
+    run(xs * 2, ys)  # cached: not traced again
+    assert seen == [StrategyChoice("chunked", 3, "requested")]
+    assert seen[0] == choose_strategy(_loss, PARAMS, (xs, ys), strategy="chunked", chunk_size=3)
+    # one call per trace, also without jit, and also for an empty batch
+    empty = []
+    clipped_grad_sum(_loss, PARAMS, (xs[:0], ys[:0]), None, 1.0, on_choice=empty.append)
+    assert empty == [StrategyChoice("vmap", None, "empty batch")]
+
+
+def test_on_choice_must_be_callable():
+    xs, ys = _records()
+    with pytest.raises(InvalidArgumentType, match=r"Expected on_choice to be a callable or None, got on_choice=3\."):
+        clipped_grad_sum(_loss, PARAMS, (xs, ys), None, 1.0, on_choice=3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"strategy": "magic"}, ValueError, "Expected strategy to be one of 'auto', 'vmap', 'chunked', 'scan', "
+                                            "'ghost', got strategy='magic'."),
+        ({"strategy": None}, InvalidArgumentType, "Expected strategy to be one of"),
+        ({"chunk_size": 0}, ValueError, "Expected chunk_size to be an integer >= 1, got chunk_size=0."),
+        ({"chunk_size": True}, InvalidArgumentType,
+         "Expected chunk_size to be an integer >= 1, got chunk_size=True."),
+        ({"memory_budget_bytes": -1}, ValueError,
+         "Expected memory_budget_bytes to be an integer >= 1, got memory_budget_bytes=-1."),
+        ({"forward_mode": "yes"}, InvalidArgumentType,
+         "Expected forward_mode to be True or False, got forward_mode='yes'."),
+    ],
+)
+def test_strategy_arguments_get_the_shared_checks_in_both_entry_points(kwargs, error, message):
+    xs, ys = _records()
+    with pytest.raises(error) as err:
+        clipped_grad_sum(_loss, PARAMS, (xs, ys), None, 1.0, **kwargs)
+    assert str(err.value).startswith(message)
+    with pytest.raises(error) as err:
+        choose_strategy(_loss, PARAMS, (xs, ys), **kwargs)
+    assert str(err.value).startswith(message)
+
+
+def test_strategy_names_are_matched_like_every_choice():
+    xs, ys = _records()
+    assert choose_strategy(_loss, PARAMS, (xs, ys), strategy=" VMAP ") == StrategyChoice("vmap", None, "requested")
+    got = clipped_grad_sum(_loss, PARAMS, (xs, ys), None, 1.5, strategy="Chunked", chunk_size=np.int64(3))
+    np.testing.assert_allclose(_flat(got.grad_sum), _flat(_sum(xs, ys, 1.5).grad_sum), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "dp_scale, C, error, name",
+    [
+        (-1.0, 1.0, ValueError, "dp_scale"),
+        (float("nan"), 1.0, ValueError, "dp_scale"),
+        (float("inf"), 1.0, ValueError, "dp_scale"),
+        ("1", 1.0, InvalidArgumentType, "dp_scale"),
+        (1.0, 0.0, ValueError, "clipping_threshold"),
+        (1.0, -2.0, ValueError, "clipping_threshold"),
+        (1.0, float("nan"), ValueError, "clipping_threshold"),
+    ],
+)
+def test_noise_std_refuses_invalid_privacy_settings(dp_scale, C, error, name):
+    with pytest.raises(error, match=f"Expected {name} to be"):
+        noise_std(dp_scale, C)
+    with pytest.raises(error, match=f"Expected {name} to be"):
+        add_gaussian_noise({"a": jnp.ones(2)}, d3p.random.PRNGKey(0), dp_scale, C)
+
+
+def test_noise_std_accepts_zero_d_arrays():
+    assert noise_std(np.float32(0.5), jnp.asarray(4.0)) == 2.0

@@ -258,11 +258,11 @@ def test_batch_size_to_q():
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: FixedSizeSampler(100, 101), r"batch_size in \[1, N=100\], got batch_size=101"),
+    (lambda: FixedSizeSampler(100, 101), r"batch_size to be an integer in \[1, 100\], got batch_size=101"),
     (lambda: FixedSizeSampler(100, 0), r"batch_size=0"),
     (lambda: FixedSizeSampler(100, 2.5), r"batch_size=2.5"),
     (lambda: FixedSizeSampler(0, 1), r"num_records=0"),
-    (lambda: PoissonSampler(100, 0.0), r"q in \(0, 1\], got q=0.0"),
+    (lambda: PoissonSampler(100, 0.0), r"q to be a finite number in \(0, 1\], got q=0.0"),
     (lambda: PoissonSampler(100, 1.5), r"q=1.5"),
     (lambda: PoissonSampler(100, float("nan")), r"q=nan"),
     (lambda: PoissonSampler(100, 0.1, max_batch_size=101), r"max_batch_size=101"),

@@ -5,7 +5,7 @@ vmapped) with the exact distribution by a chi-square test at level 1e-4 (fixed
 seeds, so the outcome is deterministic). The power tests show that the same
 statistic rejects samplers with the kind of bias this module must not have:
 a 2-round and an 8-round Feistel network, and a subset distribution skewed
-like the earlier d3p's (frequencies 1524..1974 around 1667).
+by about ±14 % (frequencies 1524..1974 around 1667).
 """
 
 import itertools
@@ -155,7 +155,7 @@ def test_uniformity_test_rejects_feistel(num_records, batch_size, num_rounds):
 
 
 def test_uniformity_test_rejects_skewed_subset_distribution():
-    """Subset frequencies spread like the old sampler's (1524..1974 around 1667 of 200,000)."""
+    """Subset frequencies spread by about ±14 % (1524..1974 around 1667 of 200,000) are rejected."""
     num_subsets = math.comb(10, 3)
     weights = np.linspace(1524, 1974, num_subsets)
     rng = np.random.default_rng(0)

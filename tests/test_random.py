@@ -4,7 +4,10 @@ The statistical tests of the samplers are in ``test_random_stats.py``.
 """
 
 import inspect
+import os
 import struct
+import subprocess
+import sys
 import warnings
 
 import jax
@@ -540,9 +543,8 @@ def test_functions_reject_keys_that_are_not_suite_keys():
     ],
 )
 def test_bad_arguments_raise_naming_the_argument(call, error, name):
-    # x64 disabled (the default): bit_width=64 needs it
-    assert not jax.config.jax_enable_x64
-    with pytest.raises(error, match=name):
+    # with x64 disabled, bit_width=64 is refused
+    with jax.enable_x64(False), pytest.raises(error, match=name):
         call(d3p.random.PRNGKey(0))
 
 
@@ -602,6 +604,90 @@ def test_float64_and_int64_with_x64():
     np.testing.assert_array_equal(u * 2.0**53, (bits >> 11).astype(np.float64))
     assert np.all((r >= -(2**40)) & (r < -(2**40) + 3 * 2**30))
     assert np.all(np.isfinite(n))
+
+
+# ---------------------------------------------------------------------------
+# default float dtype: JAX's, at the time of the call
+
+
+_DEFAULT_DTYPE_SCRIPT = r'''
+import warnings
+import jax, jax.numpy as jnp, numpy as np
+from scipy import stats
+import d3p.random, d3p.random.debug
+from d3p.random import chacha
+
+assert jax.config.jax_enable_x64
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    debug_key = d3p.random.debug.PRNGKey(0)
+n = 200_000
+suites = [("chacha", chacha, d3p.random.PRNGKey(0)), ("secure", d3p.random, d3p.random.PRNGKey(1)),
+          ("debug", d3p.random.debug, debug_key)]
+for name, suite, key in suites:
+    u, z = suite.uniform(key, (n,)), suite.normal(suite.fold_in(key, 1), (n,))
+    assert u.dtype == jnp.float64 and z.dtype == jnp.float64, (name, u.dtype, z.dtype)
+    assert suite.uniform(key).dtype == suite.normal(key).dtype == jnp.float64, name
+    assert suite.uniform(key, (2,), jnp.float32).dtype == suite.normal(key, (2,), jnp.float32).dtype == jnp.float32
+    u, z = np.asarray(u), np.asarray(z)
+    # uniform on [0, 1) with float64 resolution: finer than float32's 2**-24 grid
+    assert u.min() >= 0.0 and u.max() < 1.0, name
+    assert len(np.unique(u)) == n, name
+    assert np.mean(u * 2.0**24 != np.floor(u * 2.0**24)) > 0.99, name
+    se = 4.5 / np.sqrt(n)
+    assert abs(u.mean() - 0.5) < se * np.sqrt(1 / 12) and abs(u.var() - 1 / 12) < se * np.sqrt(1 / 180), name
+    assert stats.kstest(u, "uniform").pvalue > 1e-4, name
+    # standard normal: moments, shape, and a KS test that rejects the scale 0.95
+    assert abs(z.mean()) < se and abs(z.var() - 1) < se * np.sqrt(2), (name, z.mean(), z.var())
+    assert stats.kstest(z, "norm").pvalue > 1e-4, name
+    assert stats.kstest(z / 1.05, "norm").pvalue < 1e-6, name
+    tail = np.mean(np.abs(z) > 3)
+    p3 = 2 * stats.norm.sf(3)
+    assert abs(tail - p3) < 4.5 * np.sqrt(p3 / n), (name, tail)
+# the secure float64 draws are the documented function of the keystream (53 bits per uniform)
+key = d3p.random.PRNGKey(0)
+bits = np.asarray(d3p.random.random_bits(key, 64, (1000,)))
+np.testing.assert_array_equal(np.asarray(d3p.random.uniform(key, (1000,))) * 2.0**53,
+                              (bits >> 11).astype(np.float64))
+np.testing.assert_array_equal(np.asarray(d3p.random.normal(key, (1000,))),
+                              np.asarray(d3p.random.normal(key, (1000,), jnp.float64)))
+print("ok")
+'''
+
+
+def test_default_float_dtype_is_float64_under_x64_in_a_subprocess():
+    """Without a dtype, normal and uniform draw JAX's default float dtype; the
+    float64 samples have the right distribution (x64 is process-wide, hence
+    the subprocess)."""
+    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", _DEFAULT_DTYPE_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("suite", ["secure", "debug"])
+def test_default_float_dtype_follows_the_x64_setting_at_call_time(suite):
+    s, key = (d3p.random, d3p.random.PRNGKey(0)) if suite == "secure" else (d3p.random.debug, _debug_key())
+    with jax.enable_x64(False):
+        assert s.uniform(key, (3,)).dtype == s.normal(key, (3,)).dtype == jnp.float32
+    with jax.enable_x64(True):
+        assert s.uniform(key, (3,)).dtype == s.normal(key, (3,)).dtype == jnp.float64
+        assert s.uniform(key, (3,), jnp.float32).dtype == jnp.float32
+    with jax.enable_x64(False):
+        assert s.uniform(key, (3,)).dtype == s.normal(key, (3,)).dtype == jnp.float32
+    for f in (s.uniform, s.normal):
+        assert inspect.signature(f).parameters["dtype"].default is None
+
+
+def test_suites_share_one_list_of_names():
+    from d3p.random._common import SUITE_API
+
+    assert d3p.random.__all__ == [*SUITE_API, "debug"]
+    assert d3p.random.debug.__all__ == list(SUITE_API)
+    assert chacha.__all__ == [*SUITE_API, "chacha20_block"]
+    for module in (d3p.random, d3p.random.debug, chacha):
+        assert all(hasattr(module, name) for name in module.__all__)
 
 
 def test_keystream_in_tiles_is_the_keystream(monkeypatch):

@@ -74,3 +74,22 @@ def test_get_epsilon_defaults_to_the_most_conservative_accounting(svi):
     assert svi.get_epsilon(1e-5, 0.05, num_iter=300, sampler="poisson") == pytest.approx(poisson, rel=1e-3)
     d = svi.get_delta(fixed, 0.05, num_iter=300)
     assert d == pytest.approx(1e-5, rel=1e-2) and d >= 1e-5 * (1 - 1e-3)
+
+
+@pytest.mark.parametrize("sampler", [None, "poisson"])
+def test_get_epsilon_and_get_delta_agree(svi, sampler):
+    """get_delta inverts get_epsilon; num_epochs counts ceil(num_epochs / q) steps in both."""
+    eps = svi.get_epsilon(1e-5, 0.05, num_iter=300, sampler=sampler)
+    assert svi.get_epsilon(1e-5, 0.05, num_epochs=15, sampler=sampler) == eps
+    assert svi.get_delta(eps, 0.05, num_epochs=15, sampler=sampler) == pytest.approx(1e-5, rel=1e-2)
+    assert svi.get_epsilon(1e-5, 0.05, num_epochs=14.99, sampler=sampler) == eps  # 299.8 -> 300 steps
+
+
+@pytest.mark.parametrize("method, first", [("get_epsilon", 1e-5), ("get_delta", 1.0)])
+def test_get_epsilon_and_get_delta_check_arguments_alike(svi, method, first):
+    with pytest.raises(ValueError, match=r"Expected num_iter to be an integer >= 1, got num_iter=0\."):
+        getattr(svi, method)(first, 0.05, num_iter=0)
+    with pytest.raises(ValueError, match=r"Expected q to be a finite number in \(0, 1\], got q=1\.5\."):
+        getattr(svi, method)(first, 1.5, num_epochs=1)
+    with pytest.raises(ValueError, match=r"Expected num_epochs to be a finite number > 0, got num_epochs=-1"):
+        getattr(svi, method)(first, 0.05, num_epochs=-1)

@@ -43,7 +43,15 @@ import d3p.random
 from d3p import accounting
 from d3p.dputil import approximate_sigma
 from d3p.minibatch import FixedSizeSampler, PoissonSampler, subsample_batchify_data
-from d3p.svi import DPSVI, DPSVIRunResult, DPSVIState
+from d3p.svi import (
+    DPSVI,
+    DPSVIRunResult,
+    DPSVIState,
+    clip_gradient,
+    full_norm,
+    get_observations_scale,
+    normalize_gradient,
+)
 
 # ---------------------------------------------------------------------------
 # models and data
@@ -645,3 +653,265 @@ def test_paper_listing_runs():
     chance = max(y[test].mean(), 1 - y[test].mean())
     # chance (the majority class) is 0.59 on this split; seeds 0-3 give 0.93-0.95
     assert chance < 0.65 and accuracy > 0.85, (accuracy, chance)
+
+
+# ---------------------------------------------------------------------------
+# 10. d3p 0.2's module-level helpers, perturbation_function, the state's observation scale
+
+
+def _exact_norm(parts) -> float:
+    return float(np.sqrt(sum(np.sum(np.asarray(p, np.float64) ** 2) for p in jax.tree.leaves(parts))))
+
+
+def test_full_norm_of_parts_and_trees():
+    parts = [jnp.array([3.0]), jnp.array([[4.0, 0.0]])]
+    assert float(full_norm(parts)) == pytest.approx(5.0, rel=1e-6)
+    assert float(full_norm(parts)) >= 5.0  # the clipping norm: an upper bound
+    assert float(full_norm(tuple(parts))) == pytest.approx(5.0, rel=1e-6)
+    assert float(full_norm({"a": parts[0], "b": {"c": parts[1]}})) == pytest.approx(5.0, rel=1e-6)
+    assert float(full_norm(parts, ord=1)) == pytest.approx(7.0)
+    assert float(full_norm(parts, ord=np.inf)) == pytest.approx(4.0)
+    assert float(full_norm([np.array([3, 4])])) == pytest.approx(5.0, rel=1e-6)  # integer parts
+    assert float(full_norm([])) == 0.0 and float(full_norm(None)) == 0.0 and float(full_norm([], ord=1)) == 0.0
+    assert float(full_norm([jnp.array([1.0, jnp.nan])])) == np.inf  # not finite: no bound
+
+
+def test_clip_gradient_compat():
+    parts = [jnp.array([3.0, 0.0]), jnp.array([[4.0]])]
+    clipped = clip_gradient(parts, 1.0)
+    assert type(clipped) is list and [p.shape for p in clipped] == [(2,), (1, 1)]
+    np.testing.assert_allclose(clipped[0], [0.6, 0.0], rtol=1e-5)
+    np.testing.assert_allclose(clipped[1], [[0.8]], rtol=1e-5)
+    assert _exact_norm(clipped) <= 1.0
+    # below the threshold: unchanged; rescale_factor applied after clipping
+    assert _trees_equal(clip_gradient(parts, 10.0), parts)
+    np.testing.assert_allclose(clip_gradient(parts, 1.0, rescale_factor=3.0)[1], [[2.4]], rtol=1e-5)
+    as_tuple = clip_gradient(tuple(parts), 2.0)
+    assert type(as_tuple) is tuple and _exact_norm(as_tuple) <= 2.0 and _exact_norm(as_tuple) > 1.99
+    tree = clip_gradient({"w": jnp.array([30.0, 40.0])}, 5.0)
+    np.testing.assert_allclose(tree["w"], [3.0, 4.0], rtol=1e-5)
+    assert clip_gradient([], 1.0) == []
+    # a non-finite gradient contributes nothing
+    assert _trees_equal(clip_gradient([jnp.array([jnp.nan, 1.0])], 1.0), [jnp.zeros(2)])
+    # usable under jit, the threshold a traced value
+    np.testing.assert_allclose(jax.jit(clip_gradient)(parts, 1.0)[1], [[0.8]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("c", [0.0, -1.0, float("inf"), float("nan")])
+def test_clip_gradient_compat_refuses_bad_threshold(c):
+    with pytest.raises(ValueError, match=rf"Expected c to be a finite number > 0, got c={c}"):
+        clip_gradient([jnp.ones(2)], c)
+
+
+def test_normalize_gradient_compat():
+    parts = (jnp.array([3.0, 0.0]), jnp.array([[4.0]]))
+    normalized = normalize_gradient(parts)
+    assert type(normalized) is list
+    np.testing.assert_allclose(normalized[0], [0.6, 0.0], rtol=1e-5)
+    np.testing.assert_allclose(normalized[1], [[0.8]], rtol=1e-5)
+    assert _exact_norm(normalized) == pytest.approx(1.0, rel=1e-5)
+    by_l1 = normalize_gradient(list(parts), ord=1)
+    np.testing.assert_allclose(np.concatenate([np.ravel(p) for p in by_l1]), [3 / 7, 0.0, 4 / 7], rtol=1e-5)
+    tree = normalize_gradient({"w": jnp.array([0.0, 2.0])})
+    np.testing.assert_allclose(tree["w"], [0.0, 1.0], rtol=1e-5)
+
+
+def _scaled_model(xs, N, weight=1.0):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.handlers.scale(scale=weight), numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1.0), obs=xs)
+
+
+def test_get_observations_scale():
+    xs = jnp.zeros(10)
+    assert get_observations_scale(normal_model, (xs,), {"N": 100}, {"mu": 0.3}) == 10.0
+    assert get_observations_scale(_scaled_model, (xs, 100), {"weight": 0.5}, {}) == 5.0
+    assert get_observations_scale(two_column_model, (xs, xs), {"N": 40}, {}) == 4.0
+
+    def no_plate(xs):
+        numpyro.sample("x", dist.Normal(0.0, 1.0), obs=xs)
+
+    def no_observation(xs):
+        numpyro.sample("z", dist.Normal(0.0, 1.0))
+
+    assert get_observations_scale(no_plate, (xs,), {}, {}) is None
+    assert get_observations_scale(no_observation, (xs,), {}, {}) is None
+
+    def two_plates(xs, ys):
+        with numpyro.plate("a", 100, subsample_size=xs.shape[0]):
+            numpyro.sample("x", dist.Normal(0.0, 1.0), obs=xs)
+        with numpyro.plate("b", 50, subsample_size=ys.shape[0]):
+            numpyro.sample("y", dist.Normal(0.0, 1.0), obs=ys)
+
+    with pytest.raises(ValueError, match=r"(?s)\['x', 'y'\].*different"):
+        get_observations_scale(two_plates, (xs, xs), {}, {})
+    assert get_observations_scale(two_plates, (xs, jnp.zeros(5)), {}, {}) == 10.0
+
+    def half_scaled(xs):
+        with numpyro.plate("a", 100, subsample_size=xs.shape[0]):
+            numpyro.sample("x", dist.Normal(0.0, 1.0), obs=xs)
+        numpyro.sample("y", dist.Normal(0.0, 1.0), obs=0.0)
+
+    with pytest.raises(ValueError, match="different scales"):
+        get_observations_scale(half_scaled, (xs,), {}, {})
+
+    # params are substituted: the observed site's distribution uses them
+    def param_scaled(xs):
+        s = numpyro.param("s", 1.0)
+        with numpyro.plate("a", 100, subsample_size=xs.shape[0]):
+            numpyro.sample("x", dist.Normal(0.0, s), obs=xs)
+        return s
+
+    assert get_observations_scale(param_scaled, (xs,), {}, {"s": 2.0}) == 10.0
+
+
+def _accepts_std(sample, std) -> bool:
+    """Whether ``sample`` (10^5 values) has standard deviation ``std`` within 2%
+    (the estimate's own standard error is 0.22%)."""
+    return abs(float(np.std(sample)) / std - 1) < 0.02
+
+
+@pytest.mark.filterwarnings("ignore:d3p.random.debug uses JAX's non-cryptographic PRNG")
+@pytest.mark.parametrize("rng_suite", [d3p.random, d3p.random.debug], ids=["chacha", "debug"])
+def test_perturbation_function_std(rng_suite):
+    sigma, n = 2.5, 100_000
+    base = [jnp.full((n,), 7.0), jnp.full((n // 4, 4), -1.0)]
+    noisy = DPSVI.perturbation_function(rng_suite, rng_suite.PRNGKey(3), base, sigma)
+    assert type(noisy) is list and [x.shape for x in noisy] == [x.shape for x in base]
+    noise = [np.ravel(np.asarray(x) - np.asarray(b)) for x, b in zip(noisy, base)]
+    for z in noise:
+        assert _accepts_std(z, sigma)
+        assert not _accepts_std(z, 1.05 * sigma) and not _accepts_std(z, 0.95 * sigma)
+        assert abs(float(np.mean(z))) < 5 * sigma / np.sqrt(n)
+    # the parts get independent noise (a key per part)
+    assert abs(np.corrcoef(noise[0], noise[1])[0, 1]) < 0.02
+    # deterministic in the key, different for another key
+    again = DPSVI.perturbation_function(rng_suite, rng_suite.PRNGKey(3), base, sigma)
+    assert _trees_equal(again, noisy)
+    other = DPSVI.perturbation_function(rng_suite, rng_suite.PRNGKey(4), base, sigma)
+    assert not np.array_equal(other[0], noisy[0])
+
+
+def test_perturbation_function_structure_and_arguments():
+    key = d3p.random.PRNGKey(0)
+    values = (jnp.zeros(3), {"w": jnp.zeros((2, 2))})
+    noisy = DPSVI.perturbation_function(d3p.random, key, values, 1.0)
+    assert type(noisy) is tuple and noisy[1]["w"].shape == (2, 2) and _all_finite(noisy)
+    assert _trees_equal(DPSVI.perturbation_function(d3p.random, key, values, 0.0), values)
+    assert DPSVI.perturbation_function(d3p.random, key, [], 1.0) == []
+    with pytest.raises(ValueError, match="perturbation_scale"):
+        DPSVI.perturbation_function(d3p.random, key, values, -1.0)
+    with pytest.raises(TypeError, match="rng_suite"):
+        DPSVI.perturbation_function("d3p.random", key, values, 1.0)
+
+
+def test_rng_suite_is_checked_at_construction():
+    guide = AutoNormal(normal_model)
+    optim = numpyro.optim.Adam(0.1)
+    with pytest.raises(TypeError, match=r"Expected rng_suite to be a PRNG suite.*got rng_suite='d3p.random'"):
+        DPSVI(normal_model, guide, optim, Trace_ELBO(), 2.0, 1.0, "d3p.random", N=N)
+    with pytest.raises(TypeError, match="rng_suite"):
+        DPSVI(normal_model, guide, optim, Trace_ELBO(), 2.0, 1.0, rng_suite=jax.random, N=N)
+    assert DPSVI(normal_model, guide, optim, Trace_ELBO(), 2.0, 1.0, d3p.random.debug, N=N).rng_suite \
+        is d3p.random.debug
+    # a number in place of clip_unscaled_observations (e.g. the data size) is refused
+    with pytest.raises(TypeError, match="clip_unscaled_observations"):
+        DPSVI(normal_model, guide, optim, Trace_ELBO(), 2.0, 1.0, d3p.random, 100)
+
+
+@pytest.fixture(scope="module")
+def scaled():
+    """A DPSVI on ``_scaled_model`` (N = 100, weight 0.5), its state after init on 10
+    records, and a jitted update."""
+    svi = DPSVI(_scaled_model, AutoDelta(_scaled_model), numpyro.optim.SGD(1e-3), Trace_ELBO(),
+                clipping_threshold=2.0, dp_scale=1.0, N=100, weight=0.5)
+    return SimpleNamespace(svi=svi, state=svi.init(d3p.random.PRNGKey(0), _data()[:10]),
+                           update=jax.jit(svi.update))
+
+
+def test_state_observation_scale(scaled):
+    svi, state, update = scaled.svi, scaled.state, scaled.update
+    assert state.observation_scale.shape == () and state.observation_scale.dtype == jnp.float32
+    assert float(state.observation_scale) == pytest.approx(0.5 * 100 / 10)
+    # the batch last used: 20 rows (half of them padding) give 0.5 * 100 / 20
+    mask = jnp.arange(20) < 10
+    state20, _ = update(state, _data()[:20], mask=mask, expected_batch_size=10)
+    assert float(state20.observation_scale) == pytest.approx(2.5)
+    assert state20.observation_scale.dtype == jnp.float32
+    # only shapes count, not values
+    other, _ = update(state, _data(seed=1)[:20] * 100, mask=~mask, expected_batch_size=10)
+    assert float(other.observation_scale) == float(state20.observation_scale)
+    # numpyro's scale of that batch is the same number
+    expected = get_observations_scale(_scaled_model, (_data()[:20], 100), {"weight": 0.5}, {})
+    assert float(state20.observation_scale) == pytest.approx(expected)
+    # a batch of zero rows has no scale: the previous value is kept
+    empty, _ = svi.update(state20, _data()[:0], expected_batch_size=10)
+    assert float(empty.observation_scale) == pytest.approx(2.5)
+    # a state built from three fields keeps None, so its structure stays the same
+    bare = DPSVIState(state.optim_state, None, state.rng_key)
+    assert bare.observation_scale is None
+    assert update(bare, _data()[:10])[0].observation_scale is None
+
+
+def test_state_observation_scale_without_unscaling():
+    svi = DPSVI(normal_model, AutoDelta(normal_model), numpyro.optim.SGD(1e-3), Trace_ELBO(),
+                clipping_threshold=2.0, dp_scale=1.0, clip_unscaled_observations=False, N=N)
+    state = svi.init(d3p.random.PRNGKey(0), _data()[:10])
+    assert float(state.observation_scale) == 1.0
+    assert float(svi.update(state, _data()[:5])[0].observation_scale) == 1.0
+
+
+def test_init_then_update_in_loops(scaled):
+    svi, state, batch = scaled.svi, scaled.state, _data()[:10]
+
+    @jax.jit
+    def loops(state):
+        state = lax.fori_loop(0, 3, lambda i, s: svi.update(s, batch)[0], state)
+        state = lax.fori_loop(0, 2, lambda i, s: svi.stable_update(s, batch)[0], state)
+        return lax.while_loop(lambda c: c[1] < 2, lambda c: (svi.update(c[0], batch)[0], c[1] + 1),
+                              (state, 0))[0]
+
+    final = loops(state)
+    assert jax.tree.structure(final) == jax.tree.structure(state)
+    assert float(final.observation_scale) == pytest.approx(5.0) and _all_finite(final)
+
+
+X64_LOOP_SCRIPT = """
+import jax, jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
+from jax import lax
+from numpyro.infer import Trace_ELBO
+from numpyro.infer.autoguide import AutoDiagonalNormal
+import d3p.random
+from d3p.svi import DPSVI
+
+def model(xs, N):
+    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
+
+svi = DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
+            clipping_threshold=2.0, dp_scale=1.0, N=100)
+batch = jnp.arange(10.0)
+state = svi.init(d3p.random.PRNGKey(0), batch)
+assert state.observation_scale.dtype == jnp.float64, state.observation_scale.dtype
+final = jax.jit(lambda s: lax.fori_loop(0, 3, lambda i, s: svi.update(s, batch)[0], s))(state)
+final = lax.while_loop(lambda c: c[1] < 2, lambda c: (svi.stable_update(c[0], batch)[0], c[1] + 1),
+                       (final, 0))[0]
+assert final.observation_scale.dtype == jnp.float64 and float(final.observation_scale) == 10.0
+assert jax.tree.structure(final) == jax.tree.structure(state)
+assert svi.get_params(final)["auto_loc"].dtype == jnp.float64
+print("ok")
+"""
+
+
+def test_init_then_update_in_loops_under_x64():
+    """As test_init_then_update_in_loops with jax_enable_x64, in a subprocess (a process-wide flag)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", X64_LOOP_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")

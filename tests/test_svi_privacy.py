@@ -1,4 +1,4 @@
-"""What one DPSVI step computes (DESIGN.md), checked end to end through update().
+"""What one DPSVI step computes, checked end to end through update().
 
 The optimizer in most tests is SGD with step size 1, so the change of the
 parameters is exactly minus the gradient DPSVI hands to the optimizer.
@@ -15,23 +15,11 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoDelta
 
 import d3p.random
+from d3p._paper_models import logistic_regression_guide as guide
+from d3p._paper_models import logistic_regression_model as model
 from d3p.svi import DPSVI
 
 N = 1000
-
-
-def model(xs, ys, N):
-    d = xs.shape[1]
-    w = numpyro.sample("w", dist.Normal(0.0, 4.0).expand([d]).to_event(1))
-    with numpyro.plate("batch", N, subsample_size=xs.shape[0]):
-        numpyro.sample("ys", dist.Bernoulli(logits=xs @ w), obs=ys)
-
-
-def guide(xs, ys, N):
-    d = xs.shape[1]
-    loc = numpyro.param("w_loc", jnp.zeros(d))
-    log_scale = numpyro.param("w_scale_log", -jnp.ones(d))
-    numpyro.sample("w", dist.Normal(loc, jnp.exp(log_scale)).to_event(1))
 
 
 def data(B=16, d=3, seed=0):

@@ -164,3 +164,60 @@ def test_na_values_turn_text_into_missing(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli, "_run", fake_run)
     assert main([inp, str(tmp_path / "o.csv"), "--epsilon", "1", "--na-values", "n/a?"]) == 0
     assert seen == {"dtype": "float64", "missing": 1}
+
+
+def parse(argv):
+    import argparse
+
+    from d3p.twin.cli import add_twin_arguments
+
+    parser = add_twin_arguments(argparse.ArgumentParser(prog="twin"))
+    return parser.parse_args(["a.csv", "b.csv", "--epsilon", "1", *argv])
+
+
+def parse_error(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_q_is_a_probability_in_zero_one_closed(capsys):
+    """q accepts (0, 1] on the command line as in the library and ``python -m d3p``."""
+    assert parse(["--q", "1"]).q == 1.0 and parse(["--q", "0.25"]).q == 0.25
+    for bad in ("0", "1.5", "-0.1", "nan", "abc"):
+        err = parse_error(["--q", bad], capsys)
+        assert "argument --q: Expected the value to be a finite number in (0, 1]" in err, err
+
+
+def test_delta_is_in_the_open_unit_interval(capsys):
+    assert parse(["--delta", "1e-6"]).delta == 1e-6
+    for bad in ("0", "1"):
+        assert "argument --delta: Expected the value to be a finite number in (0, 1)," in parse_error(
+            ["--delta", bad], capsys)
+
+
+@pytest.mark.parametrize("option", ["--steps", "--components", "--num-synthetic", "--max-levels"])
+def test_counts_are_integers_of_at_least_one(option, capsys):
+    assert getattr(parse([option, "12"]), option[2:].replace("-", "_")) == 12
+    for bad in ("0", "2.5", "x"):
+        assert f"argument {option}: Expected the value to be an integer >= 1" in parse_error([option, bad], capsys)
+
+
+@pytest.mark.parametrize("option", ["--clip", "--learning-rate"])
+def test_scales_are_positive_finite(option, capsys):
+    assert getattr(parse([option, "0.5"]), option[2:].replace("-", "_")) == 0.5
+    for bad in ("0", "-1", "inf"):
+        assert f"argument {option}: Expected the value to be a finite number > 0" in parse_error([option, bad], capsys)
+
+
+def test_epsilon_accepts_inf_and_names_the_range(capsys):
+    assert parse(["--epsilon", "inf"]).epsilon == float("inf")
+    assert "argument --epsilon: Expected the value to be a number > 0, got the value=0.0." in parse_error(
+        ["--epsilon", "0"], capsys)
+
+
+def test_seed_is_any_integer_parsed_exactly(capsys):
+    big = 2**70 + 1  # not representable as a float: must not be rounded
+    assert parse(["--seed", str(big)]).seed == big and parse(["--seed", "-3"]).seed == -3
+    assert "argument --seed: Expected the value to be an integer" in parse_error(["--seed", "1.5"], capsys)

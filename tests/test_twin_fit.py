@@ -433,3 +433,104 @@ def test_default_discrete_gain_from_the_schema():
     model = MixtureModel(schema(30), 3)
     assert MixtureGuide(model).discrete_gain == pytest.approx(6.0)
     assert MixtureGuide(model, discrete_gain=2.5).discrete_gain == 2.5
+
+
+# ------------------------------------- argument checks, one message format
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"epsilon": 0.0}, "Expected epsilon to be a number > 0, got epsilon=0.0."),
+    ({"delta": 1.0}, "Expected delta to be a finite number in (0, 1), got delta=1.0."),
+    ({"q": 0.0}, "Expected q to be a finite number in (0, 1], got q=0.0."),
+    ({"q": 1.5}, "Expected q to be a finite number in (0, 1], got q=1.5."),
+    ({"num_steps": 0}, "Expected num_steps to be an integer >= 1, got num_steps=0."),
+    ({"clipping_threshold": math.inf},
+     "Expected clipping_threshold to be a finite number > 0, got clipping_threshold=inf."),
+    ({"learning_rate": -0.1}, "Expected learning_rate to be a finite number > 0, got learning_rate=-0.1."),
+    ({"sampling": "replacement"}, "Expected sampling to be one of 'poisson', 'fixed', got sampling='replacement'."),
+    ({"max_levels": 0}, "Expected max_levels to be an integer >= 1, got max_levels=0."),
+])
+def test_fit_argument_messages_name_argument_and_range(kwargs, message):
+    args = {"epsilon": 1.0, "rng_key": 0, "schema": explicit_schema(), "num_steps": 5, "progress_bar": False}
+    args.update(kwargs)
+    with pytest.raises(ValueError) as e:
+        twin.fit(small_frame(), **args)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("kwargs", [{"num_steps": True}, {"q": "0.1"}, {"epsilon": None}, {"delta": True},
+                                    {"num_components": 2.0}, {"data": small_frame().to_numpy()}])
+def test_fit_rejects_wrong_kinds(kwargs):
+    from d3p._validate import InvalidArgumentType
+
+    args = {"epsilon": 1.0, "rng_key": 0, "schema": explicit_schema(), "num_steps": 5, "progress_bar": False}
+    args.update(kwargs)
+    df = args.pop("data", small_frame())
+    with pytest.raises(InvalidArgumentType):
+        twin.fit(df, **args)
+
+
+def test_fit_accepts_q_one_with_fixed_size_batches(stub_run):
+    """q is a sampling probability in (0, 1] everywhere: q = 1 (every record in every
+    batch) is valid for fixed-size batches, accounted under substitute."""
+    tw = twin.fit(small_frame(), 2.0, rng_key=0, schema=explicit_schema(), num_steps=5, q=1.0, sampling="fixed",
+                  progress_bar=False)
+    assert stub_run[0].batch_size == len(small_frame()) and tw.privacy["q"] == 1.0
+    assert tw.privacy["relation"] == "substitute" and tw.privacy["sigma"] > 0
+
+
+def test_privacy_record_relation_is_a_plain_string(stub_run, tmp_path):
+    tw = twin.fit(small_frame(), 1.0, rng_key=0, schema=explicit_schema(), num_steps=5, progress_bar=False)
+    assert type(tw.privacy["relation"]) is str and tw.privacy["relation"] == "add_remove"
+    tw.save(tmp_path / "t")
+    assert json.loads((tmp_path / "t" / "twin.json").read_text())["privacy"]["relation"] == "add_remove"
+
+
+@pytest.mark.parametrize("learning_rate, num_steps, final_fraction", [(0.2, 100, 0.05), (0.05, 7, 0.0),
+                                                                      (1.0, 1, 1.0), (0.3, 2000, 0.5)])
+def test_cosine_decay_equals_closed_form(learning_rate, num_steps, final_fraction):
+    import jax
+
+    from d3p.twin.inference import cosine_decay
+
+    def closed_form(i):
+        t = min(i, num_steps) / num_steps
+        return learning_rate * (final_fraction + (1 - final_fraction) * (1 + math.cos(math.pi * t)) / 2)
+
+    schedule = cosine_decay(learning_rate, num_steps, final_fraction)
+    steps = sorted({0, 1, num_steps // 3, num_steps // 2, num_steps - 1, num_steps, num_steps + 1, 5 * num_steps})
+    for i in steps:
+        assert float(schedule(i)) == pytest.approx(closed_form(i), rel=1e-6, abs=1e-9), i
+        # as numpyro's optimizers call it: a traced int32 step counter
+        assert float(jax.jit(schedule)(jnp.int32(i))) == pytest.approx(closed_form(i), rel=1e-6, abs=1e-9), i
+
+
+def test_cosine_decay_without_optax_names_the_extra(monkeypatch):
+    import sys
+
+    from d3p.twin.inference import cosine_decay
+
+    monkeypatch.setitem(sys.modules, "optax", None)  # makes `import optax` fail
+    with pytest.raises(ImportError, match=r"pip install d3p\[twin\]"):
+        cosine_decay(0.1, 10)
+
+
+def test_cosine_decay_argument_messages():
+    from d3p._validate import InvalidArgumentType
+    from d3p.twin.inference import cosine_decay
+
+    with pytest.raises(ValueError, match=r"^Expected final_fraction to be a finite number in \[0, 1\], "
+                                         r"got final_fraction=1\.5\.$"):
+        cosine_decay(0.1, 10, 1.5)
+    with pytest.raises(InvalidArgumentType, match="num_steps"):
+        cosine_decay(0.1, True)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_records": 0}, "Expected num_records to be an integer >= 1, got num_records=0."),
+    ({"num_records": 5, "num_param_draws": 0}, "Expected num_param_draws to be an integer >= 1, got num_param_draws=0."),
+])
+def test_generate_argument_messages(fitted, kwargs, message):
+    with pytest.raises(ValueError) as e:
+        fitted.twin.generate(rng_key=0, **kwargs)
+    assert str(e.value) == message

@@ -437,3 +437,89 @@ def test_truncated_normal_sampler():
     assert stats.kstest(x, stats.truncnorm(a, b, loc, scale).cdf).pvalue > 1e-3
     clipped = lambda t: np.where(t >= 1, 1.0, stats.norm(loc, scale).cdf(t))  # noqa: E731
     assert stats.kstest(x, clipped).pvalue < 1e-6
+
+
+# ------------------------------------- argument checks, one message format
+
+
+@pytest.mark.parametrize("d, message", [
+    ({"name": "a", "kind": "real", "lower": "x"}, "Column 'a': Expected lower to be a finite number, got lower='x'."),
+    ({"name": "a", "kind": "real", "upper": math.inf}, "Column 'a': Expected upper to be a finite number, got upper=inf."),
+    ({"name": "a", "kind": "real", "lower": True}, "Column 'a': Expected lower to be a finite number, got lower=True."),
+    ({"name": "a", "nullable": 1}, "Column 'a': Expected nullable to be True or False, got nullable=1."),
+    ({"name": "a", "ordered": "yes"}, "Column 'a': Expected ordered to be True or False, got ordered='yes'."),
+])
+def test_column_field_messages(d, message):
+    with pytest.raises(TwinInputError) as e:
+        ColumnSpec.from_dict(d)
+    assert str(e.value) == message
+
+
+def test_column_bounds_become_floats():
+    c = ColumnSpec("a", "real", lower=np.int64(2), upper=np.float32(3.5))
+    assert (c.lower, c.upper) == (2.0, 3.5) and type(c.lower) is float and type(c.upper) is float
+
+
+def test_infer_schema_argument_messages():
+    from d3p._validate import InvalidArgumentType
+
+    df = mixed_frame(20)
+    with pytest.raises(ValueError, match=r"^Expected max_levels to be an integer >= 1, got max_levels=0\.$"):
+        infer_schema(df, max_levels=0)
+    with pytest.raises(InvalidArgumentType, match="max_levels"):
+        infer_schema(df, max_levels=True)
+    with pytest.raises(InvalidArgumentType, match=r"^Expected data to be a pandas DataFrame, got data of type dict\.$"):
+        infer_schema({"a": [1.0]})
+
+
+def test_metrics_argument_messages():
+    from d3p._validate import InvalidArgumentType
+
+    df = mixed_frame(40)
+    s = quiet_infer(df)
+    with pytest.raises(ValueError, match=r"^Expected bins to be an integer >= 1, got bins=0\.$"):
+        twin.marginal_tv_distances(df, df, bins=0)
+    with pytest.raises(ValueError, match=r"^Expected num_records to be an integer >= 1, got num_records=0\.$"):
+        twin.uniform_baseline(s, 0)
+    with pytest.raises(InvalidArgumentType, match="num_records"):
+        twin.uniform_baseline(s, True)
+    with pytest.raises(InvalidArgumentType, match=r"^Expected synthetic to be a pandas DataFrame"):
+        twin.correlation_difference(df, df.to_numpy())
+    pytest.importorskip("sklearn")
+    with pytest.raises(ValueError, match=r"^Expected cv to be an integer >= 2, got cv=1\.$"):
+        twin.train_on_synthetic_accuracy(df, df, "region", cv=1)
+    with pytest.raises(ValueError, match=r"^Expected classifier to be one of 'logistic', 'random_forest', "
+                                         r"got classifier='svm'\.$"):
+        twin.train_on_synthetic_accuracy(df, df, "region", classifier="svm")
+
+
+def test_model_argument_messages():
+    from d3p._validate import InvalidArgumentType
+    from d3p.twin.model import MixtureGuide
+
+    s = quiet_infer(mixed_frame(40))
+    with pytest.raises(ValueError, match=r"^Expected num_components to be an integer >= 1, got num_components=0\.$"):
+        MixtureModel(s, 0)
+    with pytest.raises(InvalidArgumentType, match="num_components"):
+        MixtureModel(s, 2.0)
+    with pytest.raises(InvalidArgumentType, match=r"^Expected schema to be a d3p.twin.Schema, got schema of type dict"):
+        MixtureModel(s.to_dict(), 2)
+    with pytest.raises(ValueError, match=r"^Expected init_scale to be a finite number > 0, got init_scale=0\.$"):
+        MixtureGuide(MixtureModel(s, 2), init_scale=0)
+    with pytest.raises(InvalidArgumentType, match=r"^Expected model to be a MixtureModel, got model of type"):
+        MixtureGuide(lambda x: x)
+
+
+def test_numpy_expit_is_clipped_and_quiet():
+    """The NumPy logistic function never reaches 0 or 1 (as numpyro's float32
+    transform) and raises no overflow warning for large inputs."""
+    from d3p.twin.model import _np_expit
+
+    f32 = np.finfo(np.float32)
+    x = np.asarray([-1e4, -50.0, -1.0, 0.0, 1.0, 50.0, 1e4])
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        y = _np_expit(x)
+    np.testing.assert_allclose(y[2:5], 1.0 / (1.0 + np.exp(-x[2:5])), rtol=1e-15)
+    assert y[0] == f32.tiny and y[-1] == 1.0 - f32.eps and y[-2] == 1.0 - f32.eps
+    assert np.all((y > 0) & (y < 1))

@@ -9,7 +9,8 @@ non-cryptographic generator and is meant for debugging only.
 """
 
 from d3p.random import debug
-from d3p.random.chacha import (
+from d3p.random._common import SUITE_API
+from d3p.random.chacha import (  # noqa: F401 (re-exported, see __all__)
     PRNGKey,
     PRNGState,
     convert_to_jax_rng_key,
@@ -21,15 +22,4 @@ from d3p.random.chacha import (
     uniform,
 )
 
-__all__ = [
-    "PRNGKey",
-    "PRNGState",
-    "split",
-    "fold_in",
-    "random_bits",
-    "uniform",
-    "normal",
-    "randint",
-    "convert_to_jax_rng_key",
-    "debug",
-]
+__all__ = [*SUITE_API, "debug"]

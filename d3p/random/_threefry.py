@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.random import define_prng_impl
 
+from d3p.random._common import rotl_u32
+
 __all__ = ["threefry2x32", "fast_key", "IMPL"]
 
 # Threefry-2x32: rotation constants of its eight round positions and the key
@@ -32,10 +34,6 @@ __all__ = ["threefry2x32", "fast_key", "IMPL"]
 # as 1, 2, 3", SC 2011)
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = np.uint32(0x1BD11BDA)
-
-
-def _rotl(x, n):
-    return (x << np.uint32(n)) | (x >> np.uint32(32 - n))
 
 
 def threefry2x32(k0, k1, x0, x1):
@@ -48,7 +46,7 @@ def threefry2x32(k0, k1, x0, x1):
     for group in range(5):
         for r in _ROTATIONS[group % 2]:
             x0 = x0 + x1
-            x1 = _rotl(x1, r) ^ x0
+            x1 = rotl_u32(x1, r) ^ x0
         x0 = x0 + schedule[(group + 1) % 3]
         x1 = x1 + schedule[(group + 2) % 3] + np.uint32(group + 1)
     return x0, x1

@@ -32,18 +32,9 @@ import numpy as np
 from jax import lax
 from jax.scipy.special import ndtri
 
-__all__ = [
-    "PRNGKey",
-    "PRNGState",
-    "split",
-    "fold_in",
-    "random_bits",
-    "uniform",
-    "normal",
-    "randint",
-    "convert_to_jax_rng_key",
-    "chacha20_block",
-]
+from d3p.random._common import SUITE_API, float_dtype, mulhi_u32, rotl_u32
+
+__all__ = [*SUITE_API, "chacha20_block"]
 
 #: Type of a key of this suite: a ``uint32`` array of shape ``(8,)``.
 PRNGState = jax.Array
@@ -57,19 +48,15 @@ _NONCE_FOLD_IN = 2
 _NONCE_JAX_KEY = 3
 
 
-def _rotl(x: jax.Array, n: int) -> jax.Array:
-    return (x << np.uint32(n)) | (x >> np.uint32(32 - n))
-
-
 def _quarter_round(s, a, b, c, d):
     s[a] = s[a] + s[b]
-    s[d] = _rotl(s[d] ^ s[a], 16)
+    s[d] = rotl_u32(s[d] ^ s[a], 16)
     s[c] = s[c] + s[d]
-    s[b] = _rotl(s[b] ^ s[c], 12)
+    s[b] = rotl_u32(s[b] ^ s[c], 12)
     s[a] = s[a] + s[b]
-    s[d] = _rotl(s[d] ^ s[a], 8)
+    s[d] = rotl_u32(s[d] ^ s[a], 8)
     s[c] = s[c] + s[d]
-    s[b] = _rotl(s[b] ^ s[c], 7)
+    s[b] = rotl_u32(s[b] ^ s[c], 7)
 
 
 def _double_round(_, state):
@@ -268,7 +255,7 @@ def random_bits(key: PRNGState, bit_width: int = 32, shape: Sequence[int] = ()) 
 
 
 def _float_info(dtype):
-    dtype = jnp.dtype(dtype)
+    dtype = float_dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"Expected a floating dtype, got dtype={dtype}.")
     if dtype == jnp.float64 and not jax.config.jax_enable_x64:
@@ -279,11 +266,15 @@ def _float_info(dtype):
 def uniform(
     key: PRNGState,
     shape: Sequence[int] = (),
-    dtype=jnp.float32,
+    dtype=None,
     minval: jax.typing.ArrayLike = 0.0,
     maxval: jax.typing.ArrayLike = 1.0,
 ) -> jax.Array:
     """Uniform floats in ``[minval, maxval)``.
+
+    ``dtype=None`` is JAX's default float dtype at the time of the call:
+    float64 under ``jax_enable_x64``, float32 otherwise (float64 without it
+    also gives float32).
 
     In ``[0, 1)`` the values are multiples of 2**-24 (float32), 2**-53
     (float64), 2**-11 (float16) or 2**-8 (bfloat16), every multiple with
@@ -370,8 +361,12 @@ def _normal_f32(hi: jax.Array, lo: jax.Array) -> jax.Array:
     return jnp.where((hi & np.uint32(1)) == 1, -magnitude, magnitude)
 
 
-def normal(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32) -> jax.Array:
+def normal(key: PRNGState, shape: Sequence[int] = (), dtype=None) -> jax.Array:
     """Standard normal samples.
+
+    ``dtype=None`` is JAX's default float dtype at the time of the call:
+    float64 under ``jax_enable_x64``, float32 otherwise (float64 without it
+    also gives float32).
 
     Each sample uses 64 keystream bits: one for the sign, 63 for a tail
     probability ``p`` in ``(0, 1)`` whose resolution is finest near 0, and the
@@ -428,21 +423,6 @@ def normal(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32) -> jax.
     return z.astype(out_dtype).reshape(shape)
 
 
-def _mulhi_u32(a: jax.Array, b: jax.Array):
-    """High and low 32-bit words of the 64-bit product of two uint32 arrays."""
-    mask = np.uint32(0xFFFF)
-    a_lo, a_hi = a & mask, a >> np.uint32(16)
-    b_lo, b_hi = b & mask, b >> np.uint32(16)
-    ll = a_lo * b_lo
-    lh = a_lo * b_hi
-    hl = a_hi * b_lo
-    hh = a_hi * b_hi
-    mid = (ll >> np.uint32(16)) + (lh & mask) + (hl & mask)
-    hi = hh + (lh >> np.uint32(16)) + (hl >> np.uint32(16)) + (mid >> np.uint32(16))
-    lo = a * b
-    return hi, lo
-
-
 def randint(
     key: PRNGState,
     shape: Sequence[int] = (),
@@ -491,8 +471,8 @@ def randint(
     words = _keystream_words(key, max(2 * size, 1))[: 2 * size]
     hi, lo = words[0::2], words[1::2]
     # floor((hi * 2**32 + lo) * span / 2**64)
-    p1_hi, p1_lo = _mulhi_u32(hi, span)
-    p2_hi, _ = _mulhi_u32(lo, span)
+    p1_hi, p1_lo = mulhi_u32(hi, span)
+    p2_hi, _ = mulhi_u32(lo, span)
     carry = ((p1_lo + p2_hi) < p1_lo).astype(jnp.uint32)
     offset = p1_hi + carry
     out = minval_a.reshape(-1).astype(dtype) + offset.astype(dtype)

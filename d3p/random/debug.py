@@ -12,17 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "PRNGKey",
-    "PRNGState",
-    "split",
-    "fold_in",
-    "random_bits",
-    "uniform",
-    "normal",
-    "randint",
-    "convert_to_jax_rng_key",
-]
+from d3p.random._common import SUITE_API, float_dtype
+
+__all__ = list(SUITE_API)
 
 #: Type of a key of this suite: a key of ``jax.random``.
 PRNGState = jax.Array
@@ -69,14 +61,16 @@ def random_bits(key: PRNGState, bit_width: int = 32, shape: Sequence[int] = ()) 
     return jax.random.bits(key, shape, dtype)
 
 
-def uniform(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32, minval=0.0, maxval=1.0):
-    """As :func:`jax.random.uniform`."""
-    return jax.random.uniform(key, shape, dtype, minval, maxval)
+def uniform(key: PRNGState, shape: Sequence[int] = (), dtype=None, minval=0.0, maxval=1.0):
+    """As :func:`jax.random.uniform`; ``dtype=None`` is JAX's default float
+    dtype (float64 under ``jax_enable_x64``, float32 otherwise)."""
+    return jax.random.uniform(key, shape, float_dtype(dtype), minval, maxval)
 
 
-def normal(key: PRNGState, shape: Sequence[int] = (), dtype=jnp.float32) -> jax.Array:
-    """As :func:`jax.random.normal`."""
-    return jax.random.normal(key, shape, dtype)
+def normal(key: PRNGState, shape: Sequence[int] = (), dtype=None) -> jax.Array:
+    """As :func:`jax.random.normal`; ``dtype=None`` is JAX's default float
+    dtype (float64 under ``jax_enable_x64``, float32 otherwise)."""
+    return jax.random.normal(key, shape, float_dtype(dtype))
 
 
 def randint(key: PRNGState, shape: Sequence[int] = (), minval=0, maxval=None, dtype=jnp.int32):

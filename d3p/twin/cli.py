@@ -21,12 +21,13 @@ sub-command and sets the defaults ``func=main_twin`` and ``command_parser``;
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
 import warnings
 from typing import List, Optional
+
+from d3p import _validate
 
 __all__ = ["add_twin_subparser", "register_twin", "add_twin_arguments", "main_twin", "main", "EXIT_BAD_INPUT"]
 
@@ -42,55 +43,23 @@ _DESCRIPTION = (
 )
 
 
-def _epsilon(text: str) -> float:
+# argparse ``type=`` checks: the shared checks of ``d3p._validate``, so that the
+# command line accepts and words each kind of argument as the library does
+_EPSILON = _validate.cli(_validate.positive, finite=False)  # inf: a non-private fit
+_DELTA = _validate.cli(_validate.open_unit)
+_Q = _validate.cli(_validate.probability)
+_POSITIVE_INT = _validate.cli(_validate.integer, minimum=1, integral=True)
+_POSITIVE_FLOAT = _validate.cli(_validate.positive)
+_INTEGER = _validate.cli(_validate.integer, integral=True)
+
+
+def _seed(text: str) -> int:
+    """Any integer; integer text is parsed exactly (``_validate.cli`` reads numbers
+    as floats, which would round a seed beyond 2**53 and change its key)."""
     try:
-        v = float(text)
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if math.isnan(v) or v <= 0:
-        raise argparse.ArgumentTypeError(
-            f"expected epsilon > 0 (or 'inf' for a non-private fit), got {text!r}")
-    return v
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _probability(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (v > 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
-    return v
-
-
-def _q(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return v
+        return _INTEGER(text)
 
 
 def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -101,28 +70,28 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     """
     parser.add_argument("input", metavar="INPUT.csv", help="the private table (CSV with a header row); only read")
     parser.add_argument("output", metavar="OUTPUT.csv", help="where to write the synthetic records")
-    parser.add_argument("--epsilon", type=_epsilon, required=True,
+    parser.add_argument("--epsilon", type=_EPSILON, required=True,
                         help="target epsilon > 0; 'inf' fits without privacy (sigma = 0, same clipping)")
-    parser.add_argument("--delta", type=_probability, default=None,
+    parser.add_argument("--delta", type=_DELTA, default=None,
                         help="target delta in (0, 1) (default 1/N^2 for N records)")
-    parser.add_argument("--num-synthetic", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--num-synthetic", type=_POSITIVE_INT, default=None, metavar="N",
                         help="number of synthetic records (default: as many as the input)")
-    parser.add_argument("--components", type=_positive_int, default=None, metavar="K",
+    parser.add_argument("--components", type=_POSITIVE_INT, default=None, metavar="K",
                         help="mixture components (default: max(3, min(8, N // 1000)))")
-    parser.add_argument("--steps", type=_positive_int, default=None, metavar="T",
+    parser.add_argument("--steps", type=_POSITIVE_INT, default=None, metavar="T",
                         help="DP-VI steps (default: 50 epochs, between 200 and 2000)")
-    parser.add_argument("--q", type=_q, default=None,
+    parser.add_argument("--q", type=_Q, default=None,
                         help="sampling probability per step (default: min(0.5, max(0.01, 200/N)))")
     parser.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
                         help="batch sampling: poisson (add/remove relation, default) or fixed (substitute)")
-    parser.add_argument("--clip", type=_positive_float, default=None, metavar="C",
+    parser.add_argument("--clip", type=_POSITIVE_FLOAT, default=None, metavar="C",
                         help="clipping threshold of per-record gradients (default 1.0)")
-    parser.add_argument("--learning-rate", type=_positive_float, default=None, metavar="LR",
+    parser.add_argument("--learning-rate", type=_POSITIVE_FLOAT, default=None, metavar="LR",
                         help="initial Adam step size, decaying (cosine) to 5%% of it (default 0.05)")
     parser.add_argument("--schema", default=None, metavar="schema.json",
                         help="JSON schema with public column information (levels, bounds, nullable); "
                              "fields it leaves out are read from the data, with a warning")
-    parser.add_argument("--seed", type=int, default=None,
+    parser.add_argument("--seed", type=_seed, default=None,
                         help="seed for the noise and sampling (default: fresh OS entropy)")
     parser.add_argument("--report-dir", default=None, metavar="DIR",
                         help="write marginal plots, a correlation-difference heat map and report.json "
@@ -133,7 +102,7 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="save the fitted twin (parameters, schema, privacy record; no records)")
     parser.add_argument("--na-values", action="append", default=None, metavar="TEXT",
                         help="an additional string to read as a missing value (repeatable)")
-    parser.add_argument("--max-levels", type=_positive_int, default=None,
+    parser.add_argument("--max-levels", type=_POSITIVE_INT, default=None,
                         help="largest number of levels of a categorical column read from the data (default 50)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files/directories")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -232,59 +201,92 @@ def main_twin(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser
 def _run(args) -> int:
     t_start = time.monotonic()
     _check_paths(args)
-    import d3p.random
-    from d3p.twin import _io
-    from d3p.twin.inference import (DEFAULT_CLIPPING_THRESHOLD, DEFAULT_LEARNING_RATE, fit)
-    from d3p.twin.report import write_report_files
-    from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, SchemaInferenceWarning, TwinInputError, infer_schema
+    from d3p.twin.schema import TwinInputError
 
     try:
-        schema = Schema.load(args.schema) if args.schema else None
-        data = _read_csv(args)
-        if args.target is not None and args.target not in [str(c) for c in data.columns]:
-            raise _BadInput(f"--target {args.target!r} is not a column of the input "
-                            f"(columns: {[str(c) for c in data.columns]})")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", SchemaInferenceWarning)
-            schema = infer_schema(data, schema, max_levels=args.max_levels or DEFAULT_MAX_LEVELS)
-        leaks = [str(w.message) for w in caught if issubclass(w.category, SchemaInferenceWarning)]
-        for msg in leaks:
-            print(f"WARNING: {msg}", file=sys.stderr)
-        N = len(data)
-        print(f"d3p twin: read {N} records x {len(schema)} columns from {args.input}", file=sys.stderr)
-        if args.seed is None:
-            key, seed_text = d3p.random.PRNGKey(), "fresh OS entropy"
-        else:
-            key, seed_text = d3p.random.PRNGKey(args.seed), str(args.seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SchemaInferenceWarning)  # already reported
-            twin = fit(data, args.epsilon, args.delta, rng_key=key, schema=schema,
-                       num_components=args.components, num_steps=args.steps, q=args.q,
-                       sampling=args.sampling,
-                       clipping_threshold=args.clip or DEFAULT_CLIPPING_THRESHOLD,
-                       learning_rate=args.learning_rate or DEFAULT_LEARNING_RATE,
-                       max_levels=args.max_levels or DEFAULT_MAX_LEVELS,
-                       progress_bar=not args.no_progress)
-        n_syn = args.num_synthetic or N
-        synthetic = twin.generate(n_syn, d3p.random.fold_in(key, 0x7717))
+        data, schema = _read_inputs(args)
+        key, seed_text = _rng_key(args)
+        twin = _fit(args, data, schema, key)
+        num_synthetic = args.num_synthetic or len(data)
+        synthetic = twin.generate(num_synthetic, _generation_key(key))
     except TwinInputError as e:
         raise _BadInput(str(e)) from None
+    num_report_files = _write_outputs(args, data, synthetic, twin)
+    lines = _summary(args, twin, num_records=len(data), num_synthetic=num_synthetic, seed_text=seed_text,
+                     num_report_files=num_report_files, seconds=time.monotonic() - t_start)
+    print("\n".join(lines))
+    return 0
 
-    # write everything to temporary paths, then rename
+
+def _read_inputs(args):
+    """The table and its completed schema; prints the schema fields read from the data."""
+    from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, SchemaInferenceWarning, infer_schema
+
+    schema = Schema.load(args.schema) if args.schema else None
+    data = _read_csv(args)
+    columns = [str(c) for c in data.columns]
+    if args.target is not None and args.target not in columns:
+        raise _BadInput(f"--target {args.target!r} is not a column of the input (columns: {columns})")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SchemaInferenceWarning)
+        schema = infer_schema(data, schema, max_levels=args.max_levels or DEFAULT_MAX_LEVELS)
+    for w in caught:
+        if issubclass(w.category, SchemaInferenceWarning):
+            print(f"WARNING: {w.message}", file=sys.stderr)
+    print(f"d3p twin: read {len(data)} records x {len(schema)} columns from {args.input}", file=sys.stderr)
+    return data, schema
+
+
+def _rng_key(args):
+    """The d3p.random key of the run (noise, sampling, generation) and how it was seeded."""
+    import d3p.random
+
+    if args.seed is None:
+        return d3p.random.PRNGKey(), "fresh OS entropy"
+    return d3p.random.PRNGKey(args.seed), str(args.seed)
+
+
+def _generation_key(key):
+    """A key for generating the synthetic records, independent of the fit's keys."""
+    import d3p.random
+
+    return d3p.random.fold_in(key, 0x7717)
+
+
+def _fit(args, data, schema, key):
+    from d3p.twin.inference import DEFAULT_CLIPPING_THRESHOLD, DEFAULT_LEARNING_RATE, fit
+    from d3p.twin.schema import DEFAULT_MAX_LEVELS, SchemaInferenceWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SchemaInferenceWarning)  # already reported by _read_inputs
+        return fit(data, args.epsilon, args.delta, rng_key=key, schema=schema,
+                   num_components=args.components, num_steps=args.steps, q=args.q,
+                   sampling=args.sampling,
+                   clipping_threshold=args.clip or DEFAULT_CLIPPING_THRESHOLD,
+                   learning_rate=args.learning_rate or DEFAULT_LEARNING_RATE,
+                   max_levels=args.max_levels or DEFAULT_MAX_LEVELS,
+                   progress_bar=not args.no_progress)
+
+
+def _write_outputs(args, data, synthetic, twin) -> int:
+    """Write every output to a temporary path next to it, then rename them all;
+    on failure remove the temporary paths. Returns the number of report files."""
+    from d3p.twin import _io
+    from d3p.twin.report import write_report_files
+
     temps: List[str] = []
-    written = []
+    num_report_files = 0
     try:
         tmp_csv = _io.temporary_file_for(args.output)
         temps.append(tmp_csv)
         synthetic.to_csv(tmp_csv, index=False)
         moves = [(tmp_csv, args.output)]
-        n_files = 0
         if args.report_dir:
-            tmp_rep = _io.temporary_directory_for(args.report_dir)
-            temps.append(tmp_rep)
-            n_files = len(write_report_files(tmp_rep, data, synthetic, schema=twin.schema, twin=twin,
-                                             target=args.target))
-            moves.append((tmp_rep, args.report_dir))
+            tmp_report = _io.temporary_directory_for(args.report_dir)
+            temps.append(tmp_report)
+            num_report_files = len(write_report_files(tmp_report, data, synthetic, schema=twin.schema,
+                                                      twin=twin, target=args.target))
+            moves.append((tmp_report, args.report_dir))
         if args.save_model:
             tmp_model = _io.temporary_directory_for(args.save_model)
             temps.append(tmp_model)
@@ -293,41 +295,48 @@ def _run(args) -> int:
         for tmp, final in moves:
             _io.move_into_place(tmp, final)
             temps.remove(tmp)
-            written.append(final)
     finally:
-        import shutil
+        _remove_all(temps)
+    return num_report_files
 
-        for t in temps:
-            if os.path.isdir(t):
-                shutil.rmtree(t, ignore_errors=True)
-            elif os.path.exists(t):
-                os.remove(t)
 
+def _remove_all(paths: List[str]) -> None:
+    import shutil
+
+    for path in paths:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
+def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str, num_report_files: int,
+             seconds: float) -> List[str]:
+    """The lines printed at the end: privacy, noise, model, time, what is not covered, outputs."""
     p = twin.privacy
-    eps = p["epsilon"]
     lines = ["", "d3p twin: done"]
     if p["private"]:
-        lines.append(f"  privacy   epsilon = {eps:.4g} (target {p['target_epsilon']:g}), delta = {p['delta']:.3g}, "
-                     f"{p['relation']} relation, {p['sampling']} sampling")
+        lines.append(f"  privacy   epsilon = {p['epsilon']:.4g} (target {p['target_epsilon']:g}), "
+                     f"delta = {p['delta']:.3g}, {p['relation']} relation, {p['sampling']} sampling")
     else:
         lines.append("  privacy   NONE: epsilon = inf (sigma = 0, non-private fit for comparison)")
     lines.append(f"  noise     sigma = {p['sigma']:.4g}, clipping threshold C = {p['clipping_threshold']:g}, "
                  f"q = {p['q']:.4g}, steps = {p['num_steps']}, seed: {seed_text}")
-    lines.append(f"  model     {twin.model_spec.get('num_components')}-component mixture, {len(twin.schema)} columns, "
-                 f"{N} records (N treated as public)")
-    lines.append(f"  time      {time.monotonic() - t_start:.1f} s (fit {twin.fit_info['seconds']:.1f} s)")
+    lines.append(f"  model     {twin.model_spec.get('num_components')}-component mixture, {len(twin.schema)} "
+                 f"columns, {num_records} records (N treated as public)")
+    lines.append(f"  time      {seconds:.1f} s (fit {twin.fit_info['seconds']:.1f} s)")
     if p["not_covered"]:
         lines.append("  WARNING   read from the data WITHOUT privacy (not covered by epsilon, delta; pass --schema "
                      "to avoid):")
         for col, fields in p["not_covered"].items():
             lines.append(f"              {col}: {', '.join(fields)}")
-    lines.append(f"  synthetic {n_syn} records -> {args.output}")
+    lines.append(f"  synthetic {num_synthetic} records -> {args.output}")
     if args.report_dir:
-        lines.append(f"  report    {n_files} files -> {args.report_dir}  (NOT private: statistics of the real data, do not publish)")
+        lines.append(f"  report    {num_report_files} files -> {args.report_dir}  (NOT private: statistics of "
+                     "the real data, do not publish)")
     if args.save_model:
         lines.append(f"  model     saved -> {args.save_model}")
-    print("\n".join(lines))
-    return 0
+    return lines
 
 
 def main(argv: Optional[List[str]] = None) -> int:

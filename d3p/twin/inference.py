@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import time
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -24,11 +25,11 @@ from numpyro.infer import Predictive, Trace_ELBO
 from numpyro.infer.autoguide import AutoDiagonalNormal, AutoGuide
 
 import d3p.random
-from d3p import accounting, minibatch
+from d3p import _validate, accounting, minibatch
 from d3p.svi import DPSVI
 from d3p.twin._io import atomic_directory
 from d3p.twin.model import DEFAULT_CONTINUOUS_GAIN, MixtureGuide, MixtureModel, guide_sample_numpy, mixture_sample_numpy
-from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, TwinInputError, infer_schema
+from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, TwinInputError, check_frame, infer_schema
 from d3p.version import VERSION
 
 __all__ = ["fit", "TwinResult", "load", "default_num_steps", "default_q", "cosine_decay", "FORMAT"]
@@ -48,13 +49,16 @@ def cosine_decay(learning_rate: float, num_steps: int, final_fraction: float = D
     """Step-size schedule ``i -> learning_rate * (f + (1 - f) * (1 + cos(pi * i / T)) / 2)``
     (``f = final_fraction``, ``T = num_steps``; constant after step T): large steps
     while the parameters travel, small ones at the end, where under DP the last
-    iterate would otherwise keep jumping with the noise.
+    iterate would otherwise keep jumping with the noise. This is optax's
+    ``cosine_decay_schedule(learning_rate, T, alpha=f)``; optax comes with the
+    ``twin`` extra (``pip install d3p[twin]``).
 
     :param float learning_rate: the initial step size, > 0.
     :param int num_steps: T >= 1.
     :param float final_fraction: f in [0, 1] (default 0.05).
     :return: the schedule, a function of the (traced) step number, for
         ``numpyro.optim.Adam(schedule)``.
+    :raises ImportError: if optax is not installed.
 
     .. doctest::
 
@@ -63,19 +67,17 @@ def cosine_decay(learning_rate: float, num_steps: int, final_fraction: float = D
         >>> [round(float(schedule(i)), 5) for i in (0, 50, 100, 1000)]
         [0.1, 0.0525, 0.005, 0.005]
     """
-    if isinstance(learning_rate, bool) or not (math.isfinite(float(learning_rate)) and float(learning_rate) > 0):
-        raise ValueError(f"Expected learning_rate > 0 and finite, got learning_rate={learning_rate!r}.")
-    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
-        raise ValueError(f"Expected num_steps to be an integer >= 1, got num_steps={num_steps!r}.")
-    if not (0.0 <= float(final_fraction) <= 1.0):
-        raise ValueError(f"Expected final_fraction in [0, 1], got final_fraction={final_fraction!r}.")
-    lr, T, f = float(learning_rate), float(num_steps), float(final_fraction)
-
-    def schedule(i):
-        t = jnp.minimum(i, T) / T
-        return lr * (f + (1.0 - f) * 0.5 * (1.0 + jnp.cos(jnp.pi * t)))
-
-    return schedule
+    learning_rate = _validate.positive("learning_rate", learning_rate)
+    num_steps = _validate.integer("num_steps", num_steps, minimum=1)
+    final_fraction = _validate.number("final_fraction", final_fraction, low=0.0, high=1.0)
+    try:
+        import optax
+    except ImportError:
+        raise ImportError(
+            "d3p.twin's step-size schedule needs optax, which is not installed; install it with "
+            "`pip install d3p[twin]` (or `pip install optax`)."
+        ) from None
+    return optax.cosine_decay_schedule(learning_rate, num_steps, alpha=final_fraction)
 
 
 def default_q(num_records: int) -> float:
@@ -89,13 +91,9 @@ def default_num_steps(num_records: int, q: float) -> int:
     return int(min(2000, max(200, round(50.0 / q))))
 
 
-def _check_epsilon(epsilon) -> float:
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
-        raise TypeError(f"Expected epsilon to be a number, got epsilon={epsilon!r}.")
-    e = float(epsilon)
-    if math.isnan(e) or e <= 0:
-        raise ValueError(f"Expected epsilon > 0 (or inf for no privacy), got epsilon={epsilon!r}.")
-    return e
+def _is_int_seed(value) -> bool:
+    """Whether a key argument is an integer seed (not a bool, not an array)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def _as_d3p_key(rng_key):
@@ -104,7 +102,7 @@ def _as_d3p_key(rng_key):
             "Expected an explicit rng_key (the privacy noise is drawn from it): pass "
             "d3p.random.PRNGKey() for fresh OS entropy or d3p.random.PRNGKey(seed)."
         )
-    if isinstance(rng_key, (int, np.integer)) and not isinstance(rng_key, bool):
+    if _is_int_seed(rng_key):
         return d3p.random.PRNGKey(int(rng_key))
     arr = jnp.asarray(rng_key)
     if arr.shape != (8,) or arr.dtype != jnp.uint32:
@@ -117,7 +115,7 @@ def _as_d3p_key(rng_key):
 
 def _as_jax_key(rng_key):
     """A JAX key for generation from an int, a JAX key or a d3p.random key."""
-    if isinstance(rng_key, (int, np.integer)) and not isinstance(rng_key, bool):
+    if _is_int_seed(rng_key):
         return jax.random.PRNGKey(int(rng_key))
     if rng_key is None:
         raise ValueError("Expected rng_key (an int seed, a JAX key or a d3p.random key), got None.")
@@ -230,13 +228,9 @@ class TwinResult:
 
         See :meth:`generate`.
         """
-        if isinstance(num_records, bool) or not isinstance(num_records, (int, np.integer)) or num_records < 1:
-            raise ValueError(f"Expected num_records to be an integer >= 1, got num_records={num_records!r}.")
-        n = int(num_records)
+        n = _validate.integer("num_records", num_records, minimum=1)
         M = min(n, 100) if num_param_draws is None else num_param_draws
-        if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
-            raise ValueError(f"Expected num_param_draws to be an integer >= 1, got num_param_draws={M!r}.")
-        M = int(min(M, n))
+        M = min(_validate.integer("num_param_draws", M, minimum=1), n)
         per_draw = -(-n // M)
         if isinstance(self.model, MixtureModel) and isinstance(self.guide, MixtureGuide):
             # NumPy: nothing to compile
@@ -363,26 +357,12 @@ def load(path: Union[str, os.PathLike], *, model: Optional[Callable] = None,
     return TwinResult.load(path, model=model, guide=guide)
 
 
-def fit(
-    data: pd.DataFrame,
-    epsilon: float,
-    delta: Optional[float] = None,
-    *,
-    rng_key,
-    schema: Optional[Union[Schema, dict]] = None,
-    model: Optional[Callable] = None,
-    guide: Optional[Callable] = None,
-    num_components: Optional[int] = None,
-    num_steps: Optional[int] = None,
-    q: Optional[float] = None,
-    sampling: str = "poisson",
-    clipping_threshold: float = DEFAULT_CLIPPING_THRESHOLD,
-    learning_rate: float = DEFAULT_LEARNING_RATE,
-    optimizer=None,
-    accountant: str = "fourier",
-    max_levels: int = DEFAULT_MAX_LEVELS,
-    progress_bar: bool = True,
-) -> TwinResult:
+def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rng_key,
+        schema: Optional[Union[Schema, dict]] = None, model: Optional[Callable] = None,
+        guide: Optional[Callable] = None, num_components: Optional[int] = None, num_steps: Optional[int] = None,
+        q: Optional[float] = None, sampling: str = "poisson", clipping_threshold: float = DEFAULT_CLIPPING_THRESHOLD,
+        learning_rate: float = DEFAULT_LEARNING_RATE, optimizer=None, accountant: str = "fourier",
+        max_levels: int = DEFAULT_MAX_LEVELS, progress_bar: bool = True) -> TwinResult:
     """Fit a synthetic-data twin of ``data`` with DP-VI at the target (ε, δ).
 
     Steps: (1) complete the schema (:func:`infer_schema`: what it reads from
@@ -395,14 +375,10 @@ def fit(
     (4) initialise model and guide on public placeholder records;
     (5) run :meth:`d3p.svi.DPSVI.run` with that σ and sampler for T steps.
 
-    The default model is :class:`MixtureModel` (K product components). A
-    user-supplied ``model`` must follow the contract
-    ``model(x=None, *, N, num_records=None)``: ``x`` is the ``float32`` code
-    matrix of :meth:`Schema.encode` (``NaN`` = missing), observed at site
-    ``"x"`` under ``numpyro.plate("data", N, subsample_size=x.shape[0])``;
-    with ``x=None`` it must sample ``num_records`` code rows at site ``"x"``
-    (for :meth:`TwinResult.generate`). The guide defaults to
-    :class:`~numpyro.infer.autoguide.AutoDiagonalNormal`.
+    The default model is :class:`MixtureModel` (K product components); a
+    user-supplied ``model`` must follow the twin model contract of
+    :mod:`d3p.twin.model`. The guide defaults to :class:`MixtureGuide` for
+    the default model, else to :class:`~numpyro.infer.autoguide.AutoDiagonalNormal`.
 
     :param pandas.DataFrame data: the private table (never modified, never
         stored).
@@ -414,7 +390,7 @@ def fit(
     :param schema: a :class:`Schema` or its dict; fields it leaves out are
         inferred (with a :class:`SchemaInferenceWarning`).
     :param model: a NumPyro model (contract above); default :class:`MixtureModel`.
-    :param guide: a NumPyro guide for ``model``; default ``AutoDiagonalNormal``.
+    :param guide: a NumPyro guide for ``model`` (default above).
     :param int num_components: K for the default model (default
         :func:`~d3p.twin.model.default_num_components`).
     :param int num_steps: T (default :func:`default_num_steps`).
@@ -444,49 +420,75 @@ def fit(
     ``epsilon=inf`` there is no privacy. ``TwinResult.losses`` is not private.
     """
     t0 = time.monotonic()
-    epsilon = _check_epsilon(epsilon)
-    key = _as_d3p_key(rng_key)
-    if not isinstance(data, pd.DataFrame):
-        raise TypeError(f"Expected data to be a pandas DataFrame, got {type(data).__name__}.")
-    if sampling not in ("poisson", "fixed"):
-        raise ValueError(f"Expected sampling in ('poisson', 'fixed'), got sampling={sampling!r}.")
-    for name, v in (("clipping_threshold", clipping_threshold), ("learning_rate", learning_rate)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not (
-                math.isfinite(float(v)) and float(v) > 0):
-            raise ValueError(f"Expected {name} > 0 and finite, got {name}={v!r}.")
-    if guide is not None and model is None:
-        raise ValueError("Expected a model together with the guide (guide without model).")
-
+    epsilon, key, sampling, clipping_threshold, learning_rate = _check_arguments(
+        data, epsilon, rng_key, sampling, clipping_threshold, learning_rate, model, guide)
     schema = infer_schema(data, schema, max_levels=max_levels)
     x = schema.encode(data)
-    N = x.shape[0]
-    if delta is None:
-        delta = 1.0 / N**2
-    if isinstance(delta, bool) or not isinstance(delta, (int, float, np.integer, np.floating)) or not (0 < float(delta) < 1):
-        raise ValueError(f"Expected delta in (0, 1), got delta={delta!r}.")
-    delta = float(delta)
-    if q is None:
-        q = default_q(N)
-    if isinstance(q, bool) or not isinstance(q, (int, float, np.integer, np.floating)) or not (0 < float(q) <= 1):
-        raise ValueError(f"Expected q in (0, 1], got q={q!r}.")
-    q = float(q)
-    if num_steps is None:
-        num_steps = default_num_steps(N, q)
-    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
-        raise ValueError(f"Expected num_steps to be an integer >= 1, got num_steps={num_steps!r}.")
-    num_steps = int(num_steps)
+    plan = _privacy_plan(x.shape[0], epsilon, delta, q, num_steps, sampling, accountant)
+    model, model_spec = _model(schema, model, num_components, plan.num_records)
+    guide, guide_spec = _guide(model, guide)
+    optim = numpyro.optim.Adam(cosine_decay(learning_rate, plan.num_steps)) if optimizer is None else optimizer
+    svi = DPSVI(model, guide, optim, Trace_ELBO(), clipping_threshold=clipping_threshold, dp_scale=plan.sigma,
+                N=plan.num_records)
+    result = _run(svi, guide, schema, x, plan, key, progress_bar)
+    fit_info = _fit_info(plan, learning_rate, clipping_threshold, optimizer, seconds=time.monotonic() - t0)
+    return TwinResult(schema, model, guide, result.params, num_records=plan.num_records, model_spec=model_spec,
+                      guide_spec=guide_spec, privacy=_privacy_record(plan, result, clipping_threshold, schema),
+                      fit_info=fit_info, losses=np.asarray(result.losses))
 
-    # the sampler and its accounting (the one mapping, d3p.accounting.accounting_for)
+
+_SAMPLINGS = ("poisson", "fixed")
+
+
+def _check_arguments(data, epsilon, rng_key, sampling, clipping_threshold, learning_rate, model, guide):
+    """:func:`fit`'s checks that need no data: ``(epsilon, key, sampling, C, learning rate)``."""
+    epsilon = _validate.positive("epsilon", epsilon, finite=False)
+    key = _as_d3p_key(rng_key)
+    check_frame("data", data)
+    sampling = _validate.choice("sampling", sampling, _SAMPLINGS)
+    clipping_threshold = _validate.positive("clipping_threshold", clipping_threshold)
+    learning_rate = _validate.positive("learning_rate", learning_rate)
+    if guide is not None and model is None:
+        raise ValueError("Expected a model together with the guide (guide without model).")
+    return epsilon, key, sampling, clipping_threshold, learning_rate
+
+
+class _Plan(NamedTuple):
+    """The public settings of a fit and their accounting (no private value)."""
+
+    num_records: int
+    epsilon: float  # the target
+    delta: float  # the target, which includes the overflow term
+    delta_run: float  # what DPSVI.run accounts for: delta - overflow
+    overflow: float  # probability that a Poisson batch overflows its padded size
+    q: float  # the sampler's sampling probability
+    num_steps: int
+    sampling: str
+    sampler: object
+    relation: object
+    sigma: float
+    accountant: str
+    run_kwargs: dict
+
+
+def _privacy_plan(num_records: int, epsilon: float, delta, q, num_steps, sampling: str, accountant: str) -> _Plan:
+    """Defaults and checks of (δ, q, T), the sampler, its accounting
+    (:func:`d3p.accounting.accounting_for`, the one mapping from a sampler to
+    its neighbouring relation and dominating pair) and σ calibrated to (ε, δ)."""
+    N = num_records
+    delta = _validate.open_unit("delta", 1.0 / N**2 if delta is None else delta)
+    q = _validate.probability("q", default_q(N) if q is None else q)
+    num_steps = _validate.integer("num_steps", default_num_steps(N, q) if num_steps is None else num_steps,
+                                  minimum=1)
     if sampling == "poisson":
         sampler = minibatch.PoissonSampler(N, q)
-        run_kw = {"q": q, "sampling": "poisson"}
+        run_kwargs = {"q": q, "sampling": "poisson"}
     else:
         batch_size = minibatch.q_to_batch_size(q, N)
         sampler = minibatch.FixedSizeSampler(N, batch_size)
-        run_kw = {"batch_size": batch_size, "sampling": "fixed"}
+        run_kwargs = {"batch_size": batch_size, "sampling": "fixed"}
     acc = accounting.accounting_for(sampler.name)
     overflow = acc.overflow_delta(N, sampler.q, sampler.max_batch_size, num_steps, epsilon)
-    q_used = float(sampler.q)
     delta_run = delta - overflow
     if not delta_run > 0.5 * delta:
         raise ValueError(
@@ -495,81 +497,101 @@ def fit(
             f"probability {overflow:.3g} (added to delta={delta:g}). Use a smaller q (<= 0.5) or "
             "sampling='fixed'."
         )
+    q_used = float(sampler.q)
     if math.isinf(epsilon):
         sigma = 0.0
     else:
         sigma, _, _ = acc.calibrate(epsilon, delta_run, q_used, num_steps, accountant=accountant)
+    return _Plan(N, epsilon, delta, delta_run, overflow, q_used, num_steps, sampling, sampler, acc.relation,
+                 float(sigma), accountant, run_kwargs)
 
-    # model and guide
+
+def _model(schema: Schema, model, num_components, num_records: int) -> Tuple[Callable, dict]:
+    """The model (default :class:`MixtureModel`) and its saved description."""
     if model is None:
-        model = MixtureModel(schema, num_components, num_records=N)
+        model = MixtureModel(schema, num_components, num_records=num_records)
     elif num_components is not None:
         raise ValueError("num_components applies only to the default model, not to a user-supplied one.")
-    if isinstance(model, MixtureModel):
-        if model.schema.names != schema.names:
-            raise ValueError("Expected the MixtureModel to be built for the data's schema.")
-        model_spec = model.description()
-    else:
-        model_spec = {"type": "custom", "name": getattr(model, "__qualname__", type(model).__name__)}
+    if not isinstance(model, MixtureModel):
+        return model, {"type": "custom", "name": getattr(model, "__qualname__", type(model).__name__)}
+    if model.schema.names != schema.names:
+        raise ValueError("Expected the MixtureModel to be built for the data's schema.")
+    return model, model.description()
+
+
+def _guide(model, guide) -> Tuple[Callable, dict]:
+    """The guide (default :class:`MixtureGuide` for a :class:`MixtureModel`, else
+    ``AutoDiagonalNormal``) and its saved description."""
     if guide is None:
         guide = MixtureGuide(model) if isinstance(model, MixtureModel) else AutoDiagonalNormal(model)
     if isinstance(guide, MixtureGuide):
-        guide_spec = {"type": "MixtureGuide", "init_scale": guide.init_scale, "learn_scale": guide.learn_scale,
-                      "continuous_gain": guide.continuous_gain, "discrete_gain": guide.discrete_gain}
-    elif type(guide) is AutoDiagonalNormal:
-        guide_spec = {"type": "AutoDiagonalNormal"}
-    else:
-        guide_spec = {"type": "custom", "name": getattr(guide, "__qualname__", type(guide).__name__)}
+        return guide, {"type": "MixtureGuide", "init_scale": guide.init_scale, "learn_scale": guide.learn_scale,
+                       "continuous_gain": guide.continuous_gain, "discrete_gain": guide.discrete_gain}
+    if type(guide) is AutoDiagonalNormal:
+        return guide, {"type": "AutoDiagonalNormal"}
+    return guide, {"type": "custom", "name": getattr(guide, "__qualname__", type(guide).__name__)}
 
-    optim = numpyro.optim.Adam(cosine_decay(learning_rate, num_steps)) if optimizer is None else optimizer
-    svi = DPSVI(model, guide, optim, Trace_ELBO(),
-                clipping_threshold=float(clipping_threshold), dp_scale=float(sigma), N=N)
+
+def _run(svi: DPSVI, guide, schema: Schema, x: np.ndarray, plan: _Plan, key, progress_bar: bool):
+    """Initialise on public placeholder records (no private value enters the
+    initial state), then :meth:`DPSVI.run` with the plan's sampler; checks that
+    the run was accounted as planned."""
     init_key, run_key = d3p.random.split(key, 2)
-    # initialise on public placeholder records: no private value enters the initial state
     x0 = jnp.asarray(schema.placeholder_codes(1))
     if isinstance(guide, MixtureGuide):
-        state = jax.jit(svi.init)(init_key, x0)  # our guide has no Python side effects
+        state = jax.jit(svi.init)(init_key, x0)  # this guide has no Python side effects
     else:
         state = svi.init(init_key, x0)
-    result = svi.run(run_key, num_steps, jnp.asarray(x), target_delta=delta_run, accountant=accountant,
-                     progress_bar=progress_bar, init_state=state, **run_kw)
-    if result.relation != acc.relation or result.sigma != float(sigma):
+    result = svi.run(run_key, plan.num_steps, jnp.asarray(x), target_delta=plan.delta_run,
+                     accountant=plan.accountant, progress_bar=progress_bar, init_state=state, **plan.run_kwargs)
+    if result.relation != plan.relation or result.sigma != plan.sigma:
         raise RuntimeError(  # pragma: no cover - a consistency check
             f"Internal error: the run used relation={result.relation}, sigma={result.sigma}; "
-            f"expected {acc.relation}, {sigma}."
+            f"expected {plan.relation}, {plan.sigma}."
         )
-    eps_run = float(result.epsilon)
-    if eps_run > epsilon * (1 + 1e-9):
+    if float(result.epsilon) > plan.epsilon * (1 + 1e-9):
         raise RuntimeError(  # pragma: no cover - a consistency check
-            f"Internal error: the run's epsilon {eps_run} exceeds the target {epsilon}."
+            f"Internal error: the run's epsilon {float(result.epsilon)} exceeds the target {plan.epsilon}."
         )
-    privacy = {
+    return result
+
+
+def _relation_name(relation) -> str:
+    """A relation as its plain name (``"add_remove"``, ``"substitute"``), for JSON and printing."""
+    return str(getattr(relation, "value", relation))
+
+
+def _privacy_record(plan: _Plan, result, clipping_threshold: float, schema: Schema) -> dict:
+    """``TwinResult.privacy``: what the release guarantees and what it does not cover."""
+    eps_run = float(result.epsilon)
+    return {
         "epsilon": eps_run,
-        "target_epsilon": epsilon,
-        "delta": (delta_run + overflow) if math.isfinite(eps_run) else None,
-        "delta_poisson_overflow": overflow,
-        "sigma": float(sigma),
+        "target_epsilon": plan.epsilon,
+        "delta": (plan.delta_run + plan.overflow) if math.isfinite(eps_run) else None,
+        "delta_poisson_overflow": plan.overflow,
+        "sigma": plan.sigma,
         "clipping_threshold": float(clipping_threshold),
-        "relation": acc.relation,
-        "sampling": sampling,
-        "q": q_used,
-        "num_steps": num_steps,
-        "accountant": accountant,
+        "relation": _relation_name(plan.relation),
+        "sampling": plan.sampling,
+        "q": plan.q,
+        "num_steps": plan.num_steps,
+        "accountant": plan.accountant,
         "num_records_public": True,
         "private": math.isfinite(eps_run),
         "not_covered": {k: list(v) for k, v in schema.inferred_fields().items()},
     }
-    fit_info = {
-        "num_steps": num_steps,
-        "q": q_used,
-        "expected_batch_size": float(sampler.expected_batch_size),
-        "sampling": sampling,
+
+
+def _fit_info(plan: _Plan, learning_rate: float, clipping_threshold: float, optimizer, *, seconds: float) -> dict:
+    """``TwinResult.fit_info``: the settings and duration of the fit."""
+    return {
+        "num_steps": plan.num_steps,
+        "q": plan.q,
+        "expected_batch_size": float(plan.sampler.expected_batch_size),
+        "sampling": plan.sampling,
         "learning_rate": float(learning_rate),
         "clipping_threshold": float(clipping_threshold),
         "optimizer": (f"adam, cosine decay to {DEFAULT_FINAL_LEARNING_RATE_FRACTION:.0%}" if optimizer is None
                       else type(optimizer).__name__),
-        "seconds": round(time.monotonic() - t0, 3),
+        "seconds": round(seconds, 3),
     }
-    return TwinResult(schema, model, guide, result.params, num_records=N, model_spec=model_spec,
-                      guide_spec=guide_spec, privacy=privacy, fit_info=fit_info,
-                      losses=np.asarray(result.losses))

@@ -24,7 +24,8 @@ from typing import Dict, List, NamedTuple, Optional
 import numpy as np
 import pandas as pd
 
-from d3p.twin.schema import Schema
+from d3p import _validate
+from d3p.twin.schema import Schema, check_frame
 
 __all__ = [
     "marginal_tv_distances",
@@ -40,9 +41,8 @@ _MISSING = "<missing>"
 
 
 def _check_frames(real, synthetic) -> List[str]:
-    for name, f in (("real", real), ("synthetic", synthetic)):
-        if not isinstance(f, pd.DataFrame):
-            raise TypeError(f"Expected {name} to be a pandas DataFrame, got {type(f).__name__}.")
+    check_frame("real", real)
+    check_frame("synthetic", synthetic)
     rc, sc = [str(c) for c in real.columns], [str(c) for c in synthetic.columns]
     if sorted(rc) != sorted(sc):
         raise ValueError(
@@ -56,9 +56,7 @@ def _check_frames(real, synthetic) -> List[str]:
 
 
 def _check_bins(bins) -> int:
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
-        raise ValueError(f"Expected bins to be an integer >= 1, got bins={bins!r}.")
-    return int(bins)
+    return _validate.integer("bins", bins, minimum=1)
 
 
 def _is_numeric(s: pd.Series) -> bool:
@@ -320,75 +318,91 @@ def train_on_synthetic_accuracy(
     NOT private: reads the real data.
     """
     _require_sklearn()
-    from sklearn.model_selection import StratifiedKFold, cross_val_score
-
     cols = _check_frames(real_test, synthetic)
     if target not in cols:
         raise ValueError(f"Expected target to be one of the columns {cols}, got target={target!r}.")
-    if classifier not in ("logistic", "random_forest"):
-        raise ValueError(f"Expected classifier in ('logistic', 'random_forest'), got classifier={classifier!r}.")
-    if isinstance(cv, bool) or not isinstance(cv, (int, np.integer)) or cv < 2:
-        raise ValueError(f"Expected cv to be an integer >= 2, got cv={cv!r}.")
+    classifier = _validate.choice("classifier", classifier, _CLASSIFIERS)
+    cv = _validate.integer("cv", cv, minimum=2)
     real_test = real_test.rename(columns=str)
     synthetic = synthetic.rename(columns=str)[list(real_test.columns)]
     if real_train is not None:
         _check_frames(real_test, real_train)
         real_train = real_train.rename(columns=str)[list(real_test.columns)]
-    t = real_test[target]
-    if _is_numeric(t) and not pd.api.types.is_integer_dtype(t.dtype):
-        raise ValueError(
-            f"Expected a categorical target, but column {target!r} is continuous ({t.dtype}); "
-            "choose a categorical, boolean or integer column."
-        )
-    if t.nunique() > 50:
-        raise ValueError(f"Expected a target with at most 50 classes, column {target!r} has {t.nunique()}.")
-    features = [c for c in real_test.columns if c != target]
-    numeric_cols = [c for c in features if _is_numeric(real_test[c])]
-    other_cols = [c for c in features if c not in numeric_cols]
-    build = _classifier(classifier, random_state)
-
-    def xy(frame):
-        y = _labels(frame[target])
-        keep = y.notna().to_numpy()
-        return _features(frame[keep], numeric_cols, other_cols), y[keep].to_numpy()
-
-    X_test, y_test = xy(real_test)
-    if len(y_test) == 0:
-        raise ValueError(f"Expected some real test records with a target value, column {target!r} is all missing.")
-    values, counts = np.unique(y_test, return_counts=True)
-    majority = float(counts.max() / counts.sum())
-
-    def fit_score(X, y):
-        if len(y) == 0:
-            return float("nan")
-        classes = np.unique(y)
-        if len(classes) == 1:
-            return float(np.mean(y_test == classes[0]))
-        return float(build(numeric_cols, other_cols).fit(X, y).score(X_test, y_test))
-
-    X_syn, y_syn = xy(synthetic)
-    tstr = fit_score(X_syn, y_syn)
+    task = _Classification(real_test, target, classifier, random_state)
+    tstr = task.train_and_score(synthetic)
     if real_train is not None:
-        X_tr, y_tr = xy(real_train)
-        trtr = fit_score(X_tr, y_tr)
-        protocol = "train on real_train, test on real_test"
+        trtr, protocol = task.train_and_score(real_train), "train on real_train, test on real_test"
     else:
-        folds = min(cv, int(counts.min())) if counts.min() >= 2 else 0
-        if folds >= 2:
-            splitter = StratifiedKFold(folds, shuffle=True, random_state=random_state)
-            trtr = float(cross_val_score(build(numeric_cols, other_cols), X_test, y_test, cv=splitter).mean())
-        else:
-            trtr = float("nan")
-        protocol = f"{folds}-fold cross-validation on real_test"
+        trtr, protocol = task.cross_validated(cv)
     return {
         "target": target,
         "classifier": classifier,
         "train_on_synthetic": tstr,
         "train_on_real": trtr,
-        "majority": majority,
-        "num_test": int(len(y_test)),
+        "majority": task.majority,
+        "num_test": int(len(task.y_test)),
         "reference_protocol": protocol,
     }
+
+
+_CLASSIFIERS = ("logistic", "random_forest")
+
+
+class _Classification:
+    """One classification task of :func:`train_on_synthetic_accuracy`: predict
+    ``target`` from the other columns, scored on the real test records."""
+
+    def __init__(self, real_test: pd.DataFrame, target: str, classifier: str, random_state: int):
+        t = real_test[target]
+        if _is_numeric(t) and not pd.api.types.is_integer_dtype(t.dtype):
+            raise ValueError(
+                f"Expected a categorical target, but column {target!r} is continuous ({t.dtype}); "
+                "choose a categorical, boolean or integer column."
+            )
+        if t.nunique() > 50:
+            raise ValueError(f"Expected a target with at most 50 classes, column {target!r} has {t.nunique()}.")
+        features = [c for c in real_test.columns if c != target]
+        self.target, self.random_state = target, random_state
+        self.numeric_cols = [c for c in features if _is_numeric(real_test[c])]
+        self.other_cols = [c for c in features if c not in self.numeric_cols]
+        self.build = _classifier(classifier, random_state)
+        self.X_test, self.y_test = self.xy(real_test)
+        if len(self.y_test) == 0:
+            raise ValueError(
+                f"Expected some real test records with a target value, column {target!r} is all missing.")
+        _, self.class_counts = np.unique(self.y_test, return_counts=True)
+        self.majority = float(self.class_counts.max() / self.class_counts.sum())
+
+    def xy(self, frame: pd.DataFrame):
+        """Features and labels of the records of ``frame`` that have a target value."""
+        y = _labels(frame[self.target])
+        keep = y.notna().to_numpy()
+        return _features(frame[keep], self.numeric_cols, self.other_cols), y[keep].to_numpy()
+
+    def train_and_score(self, frame: pd.DataFrame) -> float:
+        """Accuracy on the test records of the classifier trained on ``frame``
+        (NaN without training records; a single class is predicted as such)."""
+        X, y = self.xy(frame)
+        if len(y) == 0:
+            return float("nan")
+        classes = np.unique(y)
+        if len(classes) == 1:
+            return float(np.mean(self.y_test == classes[0]))
+        return float(self.build(self.numeric_cols, self.other_cols).fit(X, y).score(self.X_test, self.y_test))
+
+    def cross_validated(self, cv: int):
+        """``(accuracy, protocol)`` of stratified cross-validation on the test
+        records, with at most as many folds as the rarest class has records."""
+        from sklearn.model_selection import StratifiedKFold, cross_val_score
+
+        smallest = int(self.class_counts.min())
+        folds = min(cv, smallest) if smallest >= 2 else 0
+        if folds < 2:
+            return float("nan"), f"{folds}-fold cross-validation on real_test"
+        splitter = StratifiedKFold(folds, shuffle=True, random_state=self.random_state)
+        model = self.build(self.numeric_cols, self.other_cols)
+        accuracy = float(cross_val_score(model, self.X_test, self.y_test, cv=splitter).mean())
+        return accuracy, f"{folds}-fold cross-validation on real_test"
 
 
 def uniform_baseline(schema: Schema, num_records: int, rng_seed: int = 0, *, bins: int = 20) -> pd.DataFrame:
@@ -409,11 +423,9 @@ def uniform_baseline(schema: Schema, num_records: int, rng_seed: int = 0, *, bin
     """
     if not isinstance(schema, Schema) or not schema.is_complete:
         raise ValueError("Expected schema to be a complete d3p.twin.Schema.")
-    if isinstance(num_records, bool) or not isinstance(num_records, (int, np.integer)) or num_records < 1:
-        raise ValueError(f"Expected num_records to be an integer >= 1, got num_records={num_records!r}.")
+    n = _validate.integer("num_records", num_records, minimum=1)
     bins = _check_bins(bins)
     rng = np.random.default_rng(rng_seed)
-    n = int(num_records)
     codes = np.empty((n, len(schema)))
     for j, c in enumerate(schema.columns):
         if c.kind == "categorical":

@@ -49,9 +49,11 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import scipy.special
 from numpyro.distributions import constraints
 
-from d3p.twin.schema import Schema
+from d3p import _validate
+from d3p.twin.schema import Schema, check_type
 
 __all__ = ["MixtureModel", "MixtureGuide", "MixtureOfProducts", "default_num_components",
            "default_discrete_gain", "DEFAULT_CONTINUOUS_GAIN", "DISCRETE_GAIN_RANGE"]
@@ -237,16 +239,13 @@ class MixtureModel:
     """
 
     def __init__(self, schema: Schema, num_components: Optional[int] = None, *, num_records: Optional[int] = None):
-        if not isinstance(schema, Schema):
-            raise TypeError(f"Expected schema to be a d3p.twin.Schema, got {type(schema).__name__}.")
+        check_type("schema", schema, Schema, "a d3p.twin.Schema")
         if not schema.is_complete:
             raise ValueError("Expected a complete schema (see d3p.twin.infer_schema).")
         if num_components is None:
             num_components = default_num_components(num_records or 0)
-        if isinstance(num_components, bool) or not isinstance(num_components, (int, np.integer)) or num_components < 1:
-            raise ValueError(f"Expected num_components to be an integer >= 1, got num_components={num_components!r}.")
         self.schema = schema
-        self.num_components = int(num_components)
+        self.num_components = _validate.integer("num_components", num_components, minimum=1)
         self.layout = _layout(schema)
         self.poisson_scale = np.asarray([max(r / 4.0, 0.5) for r in self.layout.poisson_range], np.float32)
 
@@ -366,8 +365,7 @@ def default_discrete_gain(model: "MixtureModel") -> float:
     in the clipping norm; many discrete parameters get 1, because large noisy steps
     drive category probabilities to 0 or 1, where their gradients vanish.
     """
-    if not isinstance(model, MixtureModel):
-        raise TypeError(f"Expected model to be a MixtureModel, got {type(model).__name__}.")
+    check_type("model", model, MixtureModel, "a MixtureModel")
     sizes = {True: 0, False: 0}
     for name, shape, _ in _site_shapes(model):
         sizes[name in _CONTINUOUS_SITES] += int(np.prod(shape))
@@ -421,21 +419,14 @@ class MixtureGuide:
 
     def __init__(self, model: "MixtureModel", init_scale: float = 0.1, learn_scale: bool = True, *,
                  continuous_gain: float = DEFAULT_CONTINUOUS_GAIN, discrete_gain: Optional[float] = None):
-        if not isinstance(model, MixtureModel):
-            raise TypeError(f"Expected model to be a MixtureModel, got {type(model).__name__}.")
+        check_type("model", model, MixtureModel, "a MixtureModel")
         if discrete_gain is None:
             discrete_gain = default_discrete_gain(model)
-        if not (float(init_scale) > 0):
-            raise ValueError(f"Expected init_scale > 0, got init_scale={init_scale!r}.")
-        for nm, g in (("continuous_gain", continuous_gain), ("discrete_gain", discrete_gain)):
-            if isinstance(g, bool) or not isinstance(g, (int, float, np.integer, np.floating)) or not (
-                    math.isfinite(float(g)) and float(g) > 0):
-                raise ValueError(f"Expected {nm} > 0 and finite, got {nm}={g!r}.")
         self.model = model
-        self.init_scale = float(init_scale)
+        self.init_scale = _validate.positive("init_scale", init_scale)
         self.learn_scale = bool(learn_scale)
-        self.continuous_gain = float(continuous_gain)
-        self.discrete_gain = float(discrete_gain)
+        self.continuous_gain = _validate.positive("continuous_gain", continuous_gain)
+        self.discrete_gain = _validate.positive("discrete_gain", discrete_gain)
         self.sites = _site_shapes(model)
 
     def _init_loc(self, name: str, shape):
@@ -477,9 +468,9 @@ _F32 = np.finfo(np.float32)
 
 
 def _np_expit(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        y = 1.0 / (1.0 + np.exp(-x))
-    return np.clip(y, _F32.tiny, 1.0 - _F32.eps)
+    """The logistic function, clipped to the open unit interval as numpyro's
+    ``SigmoidTransform`` clips float32 values (to ``[tiny, 1 - eps]``)."""
+    return np.clip(scipy.special.expit(x), _F32.tiny, 1.0 - _F32.eps)
 
 
 def _np_stick_breaking(x: np.ndarray) -> np.ndarray:

@@ -50,6 +50,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
+from d3p import _validate
+
 __all__ = [
     "KINDS",
     "DISTRIBUTIONS",
@@ -90,6 +92,29 @@ class SchemaInferenceWarning(UserWarning):
     """Schema information (levels, bounds, missingness, ...) was read from the
     private data without differential privacy; it is released with the twin and
     is not covered by its (ε, δ) guarantee."""
+
+
+def check_type(name: str, value, kind: type, what: str):
+    """``value`` if it is an instance of ``kind``, else
+    :class:`d3p._validate.InvalidArgumentType` in the message format of
+    :mod:`d3p._validate` (``what`` describes ``kind``, e.g. "a pandas DataFrame")."""
+    if not isinstance(value, kind):
+        raise _validate.InvalidArgumentType(f"Expected {name} to be {what}, got {name} of type {type(value).__name__}.")
+    return value
+
+
+def check_frame(name: str, value) -> pd.DataFrame:
+    """``value`` if it is a pandas DataFrame (see :func:`check_type`)."""
+    return check_type(name, value, pd.DataFrame, "a pandas DataFrame")
+
+
+def _column_check(column: str, check, field_name: str, value):
+    """A :mod:`d3p._validate` check of a field of a column description; its
+    failures become :class:`TwinInputError` that names the column."""
+    try:
+        return check(field_name, value)
+    except ValueError as err:
+        raise TwinInputError(f"Column {column!r}: {err}") from None
 
 
 def _jsonable(value):
@@ -159,14 +184,8 @@ class ColumnSpec:
                 raise TwinInputError(f"Column {self.name!r} has duplicate levels: {list(levels)!r}.")
             object.__setattr__(self, "levels", levels)
         for b in ("lower", "upper"):
-            v = getattr(self, b)
-            if v is not None:
-                if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-                    raise TwinInputError(f"Expected {b} of column {self.name!r} to be a number, got {v!r}.")
-                v = float(v)
-                if not math.isfinite(v):
-                    raise TwinInputError(f"Expected a finite {b} for column {self.name!r}, got {b}={v}.")
-                object.__setattr__(self, b, v)
+            if getattr(self, b) is not None:
+                object.__setattr__(self, b, _column_check(self.name, _validate.number, b, getattr(self, b)))
         if self.lower is not None and self.upper is not None and self.lower > self.upper:
             raise TwinInputError(
                 f"Expected lower <= upper for column {self.name!r}, got lower={self.lower}, "
@@ -281,8 +300,8 @@ class ColumnSpec:
                     )
                 kw[k] = tuple(kw[k])
         for k in ("nullable", "ordered"):
-            if k in kw and kw[k] is not None and not isinstance(kw[k], bool):
-                raise TwinInputError(f"Expected {k} of column {d['name']!r} to be true/false, got {kw[k]!r}.")
+            if kw.get(k) is not None:
+                _column_check(d["name"], _validate.boolean, k, kw[k])
         return cls(**kw)
 
     # ------------------------------------------------------------ encoding
@@ -786,25 +805,9 @@ def _infer_column(spec: ColumnSpec, col: pd.Series, max_levels: int) -> ColumnSp
         inferred.append("nullable")
     present = col.dropna()
     if kind == "categorical" and spec.levels is None:
-        if isinstance(col.dtype, pd.CategoricalDtype):
-            levels = [_jsonable(v) for v in col.cat.categories.tolist()]
-            kw["ordered"] = bool(col.cat.ordered)
-        else:
-            uniq = present.unique().tolist()
-            uniq = [_jsonable(v) for v in uniq]
-            try:
-                levels = sorted(uniq)
-            except TypeError:
-                levels = sorted(uniq, key=str)
-        if len(levels) > max_levels:
-            raise TwinInputError(
-                f"Column {name!r} has {len(levels)} distinct values, more than max_levels={max_levels}. "
-                "A categorical with this many levels cannot be learnt usefully under differential "
-                "privacy, and its list of levels would reveal rare values (identifiers, free text). "
-                "Drop the column, group its values into fewer categories, or declare its levels in "
-                "the schema."
-            )
-        kw["levels"] = tuple(levels)
+        kw["levels"], ordered = _infer_levels(name, col, present, max_levels)
+        if ordered is not None:
+            kw["ordered"] = ordered
         inferred.append("levels")
     if kind in ("real", "count") and (spec.lower is None or spec.upper is None):
         x = _numeric_values(name, present)
@@ -818,25 +821,51 @@ def _infer_column(spec: ColumnSpec, col: pd.Series, max_levels: int) -> ColumnSp
             kw["lower"] = float(math.floor(kw["lower"]))
             kw["upper"] = float(math.ceil(kw["upper"]))
     if spec.distribution is None:
-        if kind == "categorical":
-            kw["distribution"] = "categorical"
-        elif kind == "boolean":
-            kw["distribution"] = "bernoulli"
-        elif kind == "count" and kw["upper"] - kw["lower"] <= POISSON_MAX_RANGE:
-            kw["distribution"] = "poisson"
-        else:
-            # log scale for non-negative columns whose median is in the lowest tenth of the range
-            lo, hi = kw["lower"], kw["upper"]
-            dist_ = "normal"
-            if lo >= 0 and hi > lo:
-                x = _numeric_values(name, present)
-                med = float(np.median(np.clip(x, lo, hi)))
-                if med - lo < 0.1 * (hi - lo):
-                    dist_ = "lognormal"
-                inferred.append("distribution")
-            kw["distribution"] = dist_
+        kw["distribution"], looked = _infer_distribution(name, kind, kw["lower"], kw["upper"], present)
+        if looked:
+            inferred.append("distribution")
     kw["inferred"] = tuple(dict.fromkeys(inferred))
     return _with_default_dtype(ColumnSpec(**kw), col)
+
+
+def _infer_levels(name: str, col: pd.Series, present: pd.Series, max_levels: int):
+    """``(levels, ordered)`` of a categorical column: a ``category`` dtype's categories
+    and order, else the sorted distinct values (``ordered`` None)."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        levels, ordered = [_jsonable(v) for v in col.cat.categories.tolist()], bool(col.cat.ordered)
+    else:
+        uniq = [_jsonable(v) for v in present.unique().tolist()]
+        ordered = None
+        try:
+            levels = sorted(uniq)
+        except TypeError:
+            levels = sorted(uniq, key=str)
+    if len(levels) > max_levels:
+        raise TwinInputError(
+            f"Column {name!r} has {len(levels)} distinct values, more than max_levels={max_levels}. "
+            "A categorical with this many levels cannot be learnt usefully under differential "
+            "privacy, and its list of levels would reveal rare values (identifiers, free text). "
+            "Drop the column, group its values into fewer categories, or declare its levels in "
+            "the schema."
+        )
+    return tuple(levels), ordered
+
+
+def _infer_distribution(name: str, kind: str, lower, upper, present: pd.Series) -> Tuple[str, bool]:
+    """``(distribution, whether the values were read)``: fixed for categorical and
+    boolean columns, ``poisson`` for counts with a small range; otherwise
+    ``lognormal`` for a non-negative column whose median lies in the lowest tenth
+    of its range, else ``normal``."""
+    if kind == "categorical":
+        return "categorical", False
+    if kind == "boolean":
+        return "bernoulli", False
+    if kind == "count" and upper - lower <= POISSON_MAX_RANGE:
+        return "poisson", False
+    if not (lower >= 0 and upper > lower):
+        return "normal", False
+    median = float(np.median(np.clip(_numeric_values(name, present), lower, upper)))
+    return ("lognormal" if median - lower < 0.1 * (upper - lower) else "normal"), True
 
 
 def _with_default_dtype(spec: ColumnSpec, col: pd.Series) -> ColumnSpec:
@@ -902,10 +931,20 @@ def infer_schema(
     keep a categorical's ``category`` dtype); nothing else about the data
     enters a twin except through DP-VI.
     """
-    if not isinstance(data, pd.DataFrame):
-        raise TypeError(f"Expected data to be a pandas DataFrame, got {type(data).__name__}.")
-    if isinstance(max_levels, bool) or not isinstance(max_levels, (int, np.integer)) or max_levels < 1:
-        raise ValueError(f"Expected max_levels to be an integer >= 1, got max_levels={max_levels!r}.")
+    max_levels = _validate.integer("max_levels", max_levels, minimum=1)
+    data = _with_column_names(data)
+    schema = _as_schema(schema, list(data.columns))
+    given = {c.name: c for c in schema.columns} if schema is not None else {}
+    result = Schema(tuple(_infer_column(given.get(n, ColumnSpec(n)), data[n], max_levels) for n in data.columns))
+    if warn:
+        _warn_inferred(result, schema)
+    return result
+
+
+def _with_column_names(data: pd.DataFrame) -> pd.DataFrame:
+    """``data`` with string column names, after checking it has rows, columns
+    and no duplicate names."""
+    check_frame("data", data)
     if data.shape[1] == 0:
         raise TwinInputError("The data have no columns.")
     if data.shape[0] == 0:
@@ -914,31 +953,33 @@ def infer_schema(
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise TwinInputError(f"The data have duplicate column names: {dup}.")
-    data = data.set_axis(names, axis=1)
+    return data.set_axis(names, axis=1)
+
+
+def _as_schema(schema, names) -> Optional[Schema]:
+    """A given schema (a :class:`Schema`, its dict or column specs) as a :class:`Schema`
+    whose columns are all among ``names``; None stays None."""
     if schema is None:
-        given = {}
-    else:
-        if isinstance(schema, Mapping):
-            schema = Schema.from_dict(schema)
-        elif not isinstance(schema, Schema):
-            schema = Schema(tuple(schema))
-        unknown = [n for n in schema.names if n not in names]
-        if unknown:
-            raise TwinInputError(f"The schema describes column(s) {unknown} that are not in the data.")
-        given = {c.name: c for c in schema.columns}
-    specs = []
-    for n in names:
-        spec = given.get(n, ColumnSpec(n))
-        specs.append(_infer_column(spec, data[n], max_levels))
-    result = Schema(tuple(specs))
-    # warn about what THIS call read (a schema inferred earlier keeps its record, no new warning)
-    before = {c.name: set(c.inferred) for c in schema.columns} if schema is not None else {}
+        return None
+    if isinstance(schema, Mapping):
+        schema = Schema.from_dict(schema)
+    elif not isinstance(schema, Schema):
+        schema = Schema(tuple(schema))
+    unknown = [n for n in schema.names if n not in names]
+    if unknown:
+        raise TwinInputError(f"The schema describes column(s) {unknown} that are not in the data.")
+    return schema
+
+
+def _warn_inferred(result: Schema, given: Optional[Schema]) -> None:
+    """Warn about the fields read from the data by this call (a schema inferred
+    earlier keeps its record and raises no new warning)."""
+    before = {c.name: set(c.inferred) for c in given.columns} if given is not None else {}
     new = {c.name: tuple(f for f in c.inferred if f not in before.get(c.name, ()))
            for c in result.columns}
     new = {k: v for k, v in new.items() if v}
-    if warn and new:
-        warnings.warn(inference_message(result, new), SchemaInferenceWarning, stacklevel=2)
-    return result
+    if new:
+        warnings.warn(inference_message(result, new), SchemaInferenceWarning, stacklevel=3)
 
 
 def inference_message(schema: Schema, fields: Optional[Mapping[str, Sequence[str]]] = None) -> str:

@@ -1,0 +1,148 @@
+"""The per-record data of a DPSVI step: validation and conversion of the
+arguments (every argument is per-record data), and the dependency walk on a
+jaxpr that proves the observation scale a public constant."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+
+
+#: How the data-validation errors say where shared values belong.
+_SHARED_VALUES_HINT = (
+    "Every argument of init/update/evaluate/run (positional or keyword) is per-record data "
+    "with one row per record; values shared by all records (e.g. N or group-level "
+    "covariates) go to the DPSVI constructor as keyword arguments: DPSVI(..., name=value)."
+)
+
+
+def _is_number_sequence(x) -> bool:
+    """True for a non-empty plain list or tuple (not a namedtuple) of numbers or
+    strings, possibly nested: one column (or table) of data, rows first."""
+    return (
+        type(x) in (list, tuple)
+        and len(x) > 0
+        and all(isinstance(e, (int, float, complex, str, bytes, np.generic)) or _is_number_sequence(e)
+                for e in x)
+    )
+
+
+def _as_array(x):
+    """``x`` as an array if it is a column or table of data held in something
+    other than an array (a list of numbers, a pandas object, ...); else ``x``."""
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        return x
+    if _is_number_sequence(x) or (hasattr(x, "__array__") and hasattr(x, "shape")):
+        return np.asarray(x)
+    return x
+
+
+def _leaf_name(path) -> str:
+    """``args[i]...`` or ``'key'...`` for a path into ``(args, kwargs)``."""
+    head, rest = path[1], path[2:]
+    name = f"args[{head.idx}]" if path[0].idx == 0 else repr(head.key)
+    return name + "".join(str(p) for p in rest)
+
+
+def _check_record_leaf(name: str, x):
+    """Raise unless ``x`` is an array of numbers or booleans with a leading
+    (records) dimension."""
+    if isinstance(x, (bool, int, float, complex, np.generic)) or (
+        isinstance(x, (jax.Array, np.ndarray)) and np.ndim(x) == 0
+    ):
+        raise ValueError(
+            f"Expected {name} to be an array with one row per record, got the scalar "
+            f"{name}={x!r}. {_SHARED_VALUES_HINT}"
+        )
+    if not isinstance(x, (jax.Array, np.ndarray)):
+        raise TypeError(
+            f"Expected {name} to be an array with one row per record, got an object of "
+            f"type {type(x).__name__}. {_SHARED_VALUES_HINT}"
+        )
+    if not (jnp.issubdtype(x.dtype, jnp.number) or jnp.issubdtype(x.dtype, jnp.bool_)):
+        raise TypeError(
+            f"Expected {name} to hold numbers or booleans, got dtype {x.dtype}. Convert "
+            "categorical or text columns to numbers first (e.g. pandas' "
+            "`df.to_numpy(dtype=float)` or category codes)."
+        )
+
+
+def _records(args, kwargs, *, expected_size=None, what="batch"):
+    """The per-record data of ``(args, kwargs)``: ``(leaves, treedef, size)``.
+
+    Every leaf is per-record: lists or tuples of numbers and pandas (or other
+    array-like) objects are converted with ``np.asarray``, their rows the
+    records; lists, tuples and dicts holding arrays are pytree containers. Each
+    leaf must be a numeric or boolean array whose leading dimension is the
+    number of records, the same for all (``expected_size`` if given). Scalars
+    and other objects are refused with an error naming the argument: nothing
+    is treated as shared by the records. The caller's data is never modified.
+    ``jax.tree.unflatten(treedef, leaves)`` gives the (converted) ``(args, kwargs)``.
+    """
+    def convert(arg):
+        return jax.tree.map(_as_array, arg, is_leaf=_is_number_sequence)
+
+    converted = (tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()})
+    paths, treedef = jax.tree_util.tree_flatten_with_path(converted)
+    leaves = [x for _, x in paths]
+    names = [_leaf_name(path) for path, _ in paths]
+    size, first_name = expected_size, None
+    for name, leaf in zip(names, leaves):
+        _check_record_leaf(name, leaf)
+        n = int(np.shape(leaf)[0])
+        if size is None:
+            size, first_name = n, name
+        elif n != size:
+            ref = f"{first_name} has {size}" if first_name else f"the {what} has {size} records"
+            raise ValueError(
+                f"Expected every data argument to hold one row per record, but {name} has "
+                f"leading dimension {n} and {ref}. {_SHARED_VALUES_HINT}"
+            )
+    if size is None:
+        raise ValueError(
+            "Expected at least one per-record data array among the arguments (DP-VI "
+            "needs the records to clip each one's contribution)."
+        )
+    return leaves, treedef, size
+
+
+def _split_records(args, kwargs, *, expected_size=None, what="batch"):
+    """:func:`_records` as ``(leaves, rebuild, size, per_record)``, with
+    ``rebuild(leaves) -> (args, kwargs)`` and ``per_record`` all True."""
+    leaves, treedef, size = _records(args, kwargs, expected_size=expected_size, what=what)
+    return leaves, functools.partial(jax.tree.unflatten, treedef), size, [True] * len(leaves)
+
+
+def _depends_on_inputs(jaxpr) -> list:
+    """For each output of ``jaxpr``: whether it may depend on any input.
+
+    A conservative forward walk: every output of an equation with at least one
+    dependent operand is dependent, whatever the equation computes (calls,
+    loops and conditionals included, without looking inside them). So False
+    is a proof of independence; True may be a false alarm.
+    """
+    dependent = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:
+        if any(isinstance(v, jex_core.Var) and v in dependent for v in eqn.invars):
+            dependent.update(eqn.outvars)
+    return [isinstance(v, jex_core.Var) and v in dependent for v in jaxpr.outvars]
+
+
+def _evaluate_constant_outputs(closed) -> list:
+    """The outputs of the closed jaxpr ``closed``, all independent of its
+    inputs (see :func:`_depends_on_inputs`), evaluated now from its constants
+    alone: only the equations they need are run, without any input."""
+    jaxpr = closed.jaxpr
+    needed = {v for v in jaxpr.outvars if isinstance(v, jex_core.Var)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in needed for v in eqn.outvars):
+            kept.append(eqn)
+            needed.update(v for v in eqn.invars if isinstance(v, jex_core.Var))
+    sliced = jaxpr.replace(invars=[], eqns=kept[::-1], debug_info=None)
+    with jax.ensure_compile_time_eval():
+        return jax.core.eval_jaxpr(sliced, closed.consts)
+
+
