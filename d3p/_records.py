@@ -141,7 +141,9 @@ def _evaluate_constant_outputs(closed) -> list:
         if any(v in needed for v in eqn.outvars):
             kept.append(eqn)
             needed.update(v for v in eqn.invars if isinstance(v, jex_core.Var))
-    sliced = jaxpr.replace(invars=[], eqns=kept[::-1], debug_info=None)
+    info = jaxpr.debug_info
+    info = info._replace(arg_names=()) if info is not None else None  # the slice has no inputs
+    sliced = jaxpr.replace(invars=[], eqns=kept[::-1], debug_info=info)
     with jax.ensure_compile_time_eval():
         return jax.core.eval_jaxpr(sliced, closed.consts)
 

@@ -162,7 +162,14 @@ def _verified_search(verified: _Verified, target_eps, s0, slope, tol, max_evals)
     verified accountant, aiming slightly below the target and keeping a
     bracket [lo (infeasible), hi (feasible)]; stops once ε is within ``tol``
     below the target or σ is bracketed to a relative ``tol``. None if no
-    evaluated σ meets the target."""
+    evaluated σ meets the target.
+
+    A safeguarded secant rather than :func:`scipy.optimize.brentq` (which the
+    other searches use, through ``safe_root``): every evaluation is a
+    verified FFT composition, so the search stops at the first σ whose ε
+    lands in the accepted window ``[target (1 - tol), target]`` instead of
+    refining towards the root, and it keeps to an evaluation budget and a
+    deadline, returning the best verified σ found when either runs out."""
     aim, accept = math.log1p(-tol / 2), math.log1p(-tol)
     lo = hi = found = None          # (u, g)
     pts = []

@@ -96,6 +96,7 @@ def test_api_reference_covers_every_public_name(html_build):
 
 
 @pytest.mark.parametrize("module_name", DOCTEST_MODULES)
+@pytest.mark.float32
 def test_docstring_examples(module_name):
     module = importlib.import_module(module_name)
     tests = [t for t in doctest.DocTestFinder().find(module) if t.examples]

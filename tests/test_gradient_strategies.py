@@ -428,6 +428,7 @@ def test_paper_models_all_strategies_agree(name):
     assert np.max(norms) > C > np.min(norms)  # some records are clipped, some not
 
 
+@pytest.mark.float32
 def test_dpsvi_strategy_changes_neither_noise_nor_result():
     """Same key, different strategies: the same noisy update (the noise draw
     does not depend on the strategy), and the noise is really there."""
@@ -456,6 +457,7 @@ def test_dpsvi_strategy_changes_neither_noise_nor_result():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.float32
 def test_auto_choice_follows_structure_backend_and_budget(monkeypatch):
     params, (x, y) = _mlp_case(5, B=10)
     assert choose_strategy(mlp_loss, params, (x, y)).strategy == "ghost"

@@ -201,6 +201,7 @@ def normal_model(xs, N):
         numpyro.sample("x", dist.Normal(mu, 1.0), obs=xs)
 
 
+@pytest.mark.float32
 def test_dpsvi_with_adadp():
     xs = (3.0 + np.random.default_rng(0).standard_normal(100)).astype(np.float32)
     guide = AutoDiagonalNormal(normal_model)

@@ -586,6 +586,7 @@ def test_uniform_and_normal_dtypes(dtype):
     np.testing.assert_array_equal(u32 * 2.0**nbits, (bits >> (32 - nbits)).astype(np.float64))
 
 
+@pytest.mark.float32
 def test_float64_without_x64_falls_back_to_float32():
     key = d3p.random.PRNGKey(3)
     assert d3p.random.uniform(key, (3,), jnp.float64).dtype == jnp.float32
@@ -702,6 +703,7 @@ def test_keystream_in_tiles_is_the_keystream(monkeypatch):
     np.testing.assert_array_equal(whole, tiled)
 
 
+@pytest.mark.float32
 def test_normal_in_tiles_is_the_documented_function_of_the_keystream():
     # long float32 draws on CPU come from a loop over tiles of blocks with the
     # transform inside; they must be the same function of the same keystream words
@@ -747,6 +749,7 @@ def _normal_of_words(monkeypatch, h, lo, negative=False):
     return np.asarray(d3p.random.normal(d3p.random.PRNGKey(0), (len(h),)), np.float64)
 
 
+@pytest.mark.float32
 def test_normal_float32_relative_error_over_the_whole_range(monkeypatch):
     # 63-bit tail probabilities: uniform ones, log-uniform ones down to the
     # smallest (the far tails), and the extremes at both ends (p -> 0 and p -> 1)
@@ -807,6 +810,7 @@ def test_normal_tail_fractions_beyond_4_and_5_sigma_in_a_large_sample():
         assert abs(np.count_nonzero(1.05 * z > t) - n * p) > bound, t
 
 
+@pytest.mark.float32
 def test_uniform_stays_in_the_half_open_interval():
     key = d3p.random.PRNGKey(55)
     cases = [
@@ -1018,6 +1022,7 @@ def test_debug_key_derivation_and_determinism():
         (lambda s, k: s.random_bits(k, 64), ValueError, "bit_width"),
     ],
 )
+@pytest.mark.float32
 def test_debug_rejects_what_the_secure_suite_rejects(call, error, name):
     with pytest.raises(error, match=name):
         call(d3p.random, d3p.random.PRNGKey(0))

@@ -166,6 +166,7 @@ def _assert_svi_param_shapes(params, model, guide, xs):
 
 
 @pytest.mark.parametrize("elbo", [Trace_ELBO, TraceMeanField_ELBO])
+@pytest.mark.float32
 def test_elbos_autonormal_and_predictive(elbo):
     guide = AutoNormal(normal2_model)
     svi = DPSVI(normal2_model, guide, numpyro.optim.Adam(_decay(0.2)), elbo(), **SMALL_NOISE, N=N)
@@ -187,6 +188,7 @@ def test_elbos_autonormal_and_predictive(elbo):
 
 
 @pytest.mark.parametrize("guide_class", [AutoDiagonalNormal, AutoLowRankMultivariateNormal, AutoDelta])
+@pytest.mark.float32
 def test_autoguides(guide_class):
     # AutoNormal: in test_elbos_autonormal_and_predictive
     guide = guide_class(normal2_model)
@@ -831,13 +833,13 @@ def scaled():
 
 def test_state_observation_scale(scaled):
     svi, state, update = scaled.svi, scaled.state, scaled.update
-    assert state.observation_scale.shape == () and state.observation_scale.dtype == jnp.float32
+    assert state.observation_scale.shape == () and state.observation_scale.dtype == jnp.result_type(float)
     assert float(state.observation_scale) == pytest.approx(0.5 * 100 / 10)
     # the batch last used: 20 rows (half of them padding) give 0.5 * 100 / 20
     mask = jnp.arange(20) < 10
     state20, _ = update(state, _data()[:20], mask=mask, expected_batch_size=10)
     assert float(state20.observation_scale) == pytest.approx(2.5)
-    assert state20.observation_scale.dtype == jnp.float32
+    assert state20.observation_scale.dtype == jnp.result_type(float)
     # only shapes count, not values
     other, _ = update(state, _data(seed=1)[:20] * 100, mask=~mask, expected_batch_size=10)
     assert float(other.observation_scale) == float(state20.observation_scale)
