@@ -1,5 +1,7 @@
 """Shared test set-up."""
 
+import gc
+
 import jax
 import pytest
 
@@ -15,3 +17,18 @@ def _float32_checks(request):
         return
     with jax.enable_x64(False):
         yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_code():
+    """Drop JAX's compiled executables after each test module.
+
+    Every compiled XLA:CPU executable keeps its own memory mappings; a whole
+    suite in one process compiles thousands of them and, left cached, runs
+    into the kernel's limit on mappings per process (``vm.max_map_count``,
+    65530 by default), where the compiler crashes with a segmentation fault.
+    Tests share no compiled state across modules, so clearing costs only the
+    recompilation of functions that several modules use."""
+    yield
+    jax.clear_caches()
+    gc.collect()
