@@ -34,6 +34,7 @@ The results are printed as a Markdown table and written as JSON to
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import platform
@@ -188,7 +189,7 @@ class Config:
 
 
 def bench_model(name, strategies, suites, steps, rounds, rng, batch_size=None, with_svi=True,
-                compile_only=(), chunk_size=None, **dp_kwargs):
+                compile_only=(), chunk_size=None, noises=("gaussian",), **dp_kwargs):
     """Compile SVI and every DPSVI configuration, then time them in interleaved
     rounds (so that load from other processes hits all alike)."""
     model, guide, batch, shared, B, N, lr = make_problem(name, rng, batch_size)
@@ -197,27 +198,30 @@ def bench_model(name, strategies, suites, steps, rounds, rng, batch_size=None, w
         svi = SVI(model, guide, numpyro.optim.Adam(lr), Trace_ELBO(), **shared)
         state = svi.init(jax.random.PRNGKey(0), *batch)
         configs.append(Config("numpyro SVI", svi.update, state, batch, {"model": name, "B": B, "what": "SVI"}))
-    for suite in suites:
-        for strategy in list(strategies) + list(compile_only):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", category=Warning)
-                extra = dict(dp_kwargs)
-                if strategy == "chunked" and chunk_size:
-                    extra["chunk_size"] = chunk_size
-                dpsvi = DPSVI(
-                    model, guide, numpyro.optim.Adam(lr), Trace_ELBO(), clipping_threshold=1.0,
-                    dp_scale=1.0, rng_suite=suite, gradient_strategy=strategy, **extra, **shared
-                )
-                state = dpsvi.init(suite.PRNGKey(0), *batch)
-            suite_name = "chacha" if suite is d3p.random else "debug"
-            execute = strategy in strategies
-            configs.append(Config(
-                f"DPSVI {strategy} ({suite_name})" + ("" if execute else " [compiled only]"),
-                dpsvi.update, state, batch,
-                {"model": name, "B": B, "what": "DPSVI", "strategy": strategy, "rng_suite": suite_name},
-                execute=execute,
-            ))
-            gc.collect()
+    for suite, strategy, noise in itertools.product(suites, list(strategies) + list(compile_only), noises):
+        if noise == "discrete" and strategy not in ("auto", "scan"):
+            continue   # the discrete mechanism forms one record's gradient at a time
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=Warning)
+            extra = dict(dp_kwargs, noise=noise)
+            if strategy == "chunked" and chunk_size:
+                extra["chunk_size"] = chunk_size
+            dpsvi = DPSVI(
+                model, guide, numpyro.optim.Adam(lr), Trace_ELBO(), clipping_threshold=1.0,
+                dp_scale=1.0, rng_suite=suite, gradient_strategy=strategy, **extra, **shared
+            )
+            state = dpsvi.init(suite.PRNGKey(0), *batch)
+        suite_name = "chacha" if suite is d3p.random else "debug"
+        execute = strategy in strategies
+        noise_name = "" if noise == "gaussian" else f", {noise}"
+        configs.append(Config(
+            f"DPSVI {strategy} ({suite_name}{noise_name})" + ("" if execute else " [compiled only]"),
+            dpsvi.update, state, batch,
+            {"model": name, "B": B, "what": "DPSVI", "strategy": strategy, "rng_suite": suite_name,
+             "noise": noise},
+            execute=execute,
+        ))
+        gc.collect()
     per_round = max(1, steps // rounds)
     for _ in range(rounds):
         for c in configs:
@@ -230,9 +234,21 @@ def bench_model(name, strategies, suites, steps, rounds, rng, batch_size=None, w
             if c.round_medians:
                 r["ratio"] = statistics.median(m / b for m, b in zip(c.round_medians, base))
                 r["ratio_per_round"] = [m / b for m, b in zip(c.round_medians, base)]
+    _discrete_ratios(configs, results)
     for r in results:
         print(_fmt_row(r), flush=True)
     return results
+
+
+def _discrete_ratios(configs, results):
+    """Each discrete-noise row's time over the same strategy and suite with
+    Gaussian noise, per round (same load), median over rounds."""
+    gaussian = {(r.get("strategy"), r.get("rng_suite")): c for c, r in zip(configs, results)
+                if r.get("noise") == "gaussian" and c.round_medians}
+    for c, r in zip(configs, results):
+        base = gaussian.get((r.get("strategy"), r.get("rng_suite")))
+        if r.get("noise") == "discrete" and base is not None and c.round_medians:
+            r["vs_gaussian"] = statistics.median(m / b for m, b in zip(c.round_medians, base.round_medians))
 
 
 def _fmt_bytes(b):
@@ -251,6 +267,8 @@ def _fmt_row(r):
     label = r["label"]
     if r.get("chosen"):
         label += f" → {r['chosen']}"
+    if "vs_gaussian" in r:
+        label += f" [{r['vs_gaussian']:.2f}× the Gaussian-noise step]"
     return (
         f"| {r['model']} | {r['B']} | {label} | {ms} | {ratio} | {r['compile_s']:.1f} | "
         f"{_fmt_bytes(r['xla_temp_bytes'])} | {_fmt_bytes(r['maxrss_growth_bytes'])} |"
@@ -278,6 +296,9 @@ def main(argv=None):
                         help="records per chunk for the 'chunked' strategy (0: from the memory budget)")
     parser.add_argument("--large-batch", type=int, default=0,
                         help="also run the VAE with this batch size (e.g. 4096) under the memory budget")
+    parser.add_argument("--noises", nargs="+", default=["gaussian"], choices=["gaussian", "discrete"],
+                        help="noise mechanisms (DPSVI's noise=); 'discrete' rows also report their time "
+                             "over the Gaussian row of the same strategy and suite")
     parser.add_argument("--quick", action="store_true", help="few steps, auto strategy only")
     parser.add_argument("--output-dir", default=os.path.join("benchmarks", "output"))
     args = parser.parse_args(argv)
@@ -293,7 +314,8 @@ def main(argv=None):
     rows = []
     rng = np.random.default_rng(0)
     for name in args.models:
-        rows += bench_model(name, strategies, suites, steps, args.rounds, rng, chunk_size=args.chunk_size)
+        rows += bench_model(name, strategies, suites, steps, args.rounds, rng, chunk_size=args.chunk_size,
+                            noises=args.noises)
     if args.large_batch:
         # all B per-record gradients at once would need B x 2.6 MiB: compile it
         # only, to show the XLA buffer it would allocate

@@ -4,7 +4,7 @@ Importing d3p has no side effects: it changes no JAX configuration and
 selects no platform. The submodules are re-exported explicitly below.
 """
 
-from d3p import accounting, dputil, gmm, gradients, minibatch, modelling, optimizers, random, svi, util
+from d3p import accounting, discrete, dputil, gmm, gradients, minibatch, modelling, optimizers, random, svi, util
 from d3p.svi import DPSVI, DPSVIState
 from d3p.version import VERSION
 
@@ -12,6 +12,7 @@ __version__ = VERSION
 
 __all__ = [
     "accounting",
+    "discrete",
     "dputil",
     "gmm",
     "gradients",

@@ -85,6 +85,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help=_RELATION_HELP)
     p.add_argument("--accountant", choices=("fourier", "rdp", "pld"), default="fourier",
                    help="privacy accountant (default: %(default)s; 'pld' needs dp-accounting)")
+    p.add_argument("--noise", choices=("gaussian", "discrete"), default="gaussian",
+                   help="noise mechanism: 'gaussian' (default) or 'discrete', DPSVI(noise='discrete'), "
+                        "accounted with its Renyi-DP bound (--accountant is then not used)")
 
 
 def _accounting(args: argparse.Namespace, parser: argparse.ArgumentParser):
@@ -92,9 +95,14 @@ def _accounting(args: argparse.Namespace, parser: argparse.ArgumentParser):
     from d3p import accounting
 
     try:
-        return accounting.accounting_for(args.sampling, args.relation)
+        return accounting.accounting_for(args.sampling, args.relation, args.noise)
     except ValueError as e:
         parser.error(str(e))
+
+
+def _accountant_used(args: argparse.Namespace) -> str:
+    """The accountant that answers: --accountant, or the discrete mechanism's RDP bound."""
+    return "rdp (discrete Gaussian bound)" if args.noise == "discrete" else args.accountant
 
 
 def _display(acc) -> str:
@@ -122,7 +130,7 @@ def _run_sigma(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
                               accountant=args.accountant)
     print(f"sigma={sigma:.6g} (epsilon={eps:.6g} <= {args.epsilon:g} at delta={args.delta:g}, "
           f"q={args.q:g}, steps={args.steps}, relation={_display(acc)}, "
-          f"accountant={args.accountant})")
+          f"accountant={_accountant_used(args)})")
     return 0
 
 
@@ -153,7 +161,7 @@ def _run_epsilon(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     acc = _accounting(args, parser)
     eps = _evaluate(parser, acc.epsilon, args.sigma, args.q, args.steps, args.delta, accountant=args.accountant)
     print(f"epsilon={eps:.6g} (sigma={args.sigma:g}, q={args.q:g}, steps={args.steps}, "
-          f"delta={args.delta:g}, relation={_display(acc)}, accountant={args.accountant})")
+          f"delta={args.delta:g}, relation={_display(acc)}, accountant={_accountant_used(args)})")
     return 0
 
 

@@ -77,7 +77,7 @@ import numbers
 from typing import Iterable, NamedTuple, Optional, Sequence, Union
 
 from d3p import _validate
-from d3p._accounting import _engine
+from d3p._accounting import _discrete, _engine
 from d3p._accounting._names import Relation, Sampler
 
 __all__ = [
@@ -112,6 +112,12 @@ SUBSTITUTE = Relation.SUBSTITUTE
 RELATIONS = tuple(Relation)
 #: The supported accountants.
 ACCOUNTANTS = ("fourier", "rdp", "pld")
+
+#: The noise mechanisms accounted: the continuous Gaussian (``"gaussian"``,
+#: the default) and the discrete Gaussian of :mod:`d3p.discrete`
+#: (``"discrete"``, accounted with its proven Rényi-DP bound whatever the
+#: ``accountant``; see :func:`accounting_for`).
+NOISE_MECHANISMS = ("gaussian", "discrete")
 
 #: The batch samplers the accountants cover.
 SAMPLERS = tuple(Sampler)
@@ -159,6 +165,11 @@ def _sigma(value, name: str = "sigma") -> float:
 def _accountant(value) -> str:
     """One of :data:`ACCOUNTANTS`."""
     return _validate.choice("accountant", value, ACCOUNTANTS)
+
+
+def _noise(value) -> str:
+    """One of :data:`NOISE_MECHANISMS`."""
+    return _validate.choice("noise", value, NOISE_MECHANISMS)
 
 
 def normalize_relation(relation: str) -> Relation:
@@ -222,6 +233,8 @@ class SamplerAccounting(NamedTuple):
     """The composed pair (see above)."""
     noise_divisor: float
     """σ of the pair = σ of the run / ``noise_divisor``."""
+    noise: str = "gaussian"
+    """The noise mechanism accounted (:data:`NOISE_MECHANISMS`)."""
 
     def engine_phases(self, phases: Sequence[Phase]) -> list:
         """The phases as the composed pair sees them (σ divided by ``noise_divisor``)."""
@@ -232,23 +245,25 @@ class SamplerAccounting(NamedTuple):
         replacement, substitute relation"``."""
         names = {Sampler.POISSON: "Poisson sampling",
                  Sampler.FIXED_SIZE: "fixed-size sampling without replacement"}
-        return f"{names[self.sampler]}, {self.relation.replace('_', '/')} relation"
+        noise = ", discrete Gaussian noise" if self.noise == "discrete" else ""
+        return f"{names[self.sampler]}, {self.relation.replace('_', '/')} relation{noise}"
 
     def epsilon(self, sigma: float, q: float, num_steps: int, delta: float,
                 accountant: str = "fourier") -> float:
         """:func:`compute_epsilon` for this sampler and relation."""
         return compute_epsilon(sigma, q, num_steps, delta, relation=self.relation,
-                               sampler=self.sampler, accountant=accountant)
+                               sampler=self.sampler, accountant=accountant, noise=self.noise)
 
     def delta(self, sigma: float, q: float, num_steps: int, epsilon: float,
               accountant: str = "fourier") -> float:
         """:func:`compute_delta` for this sampler and relation."""
         return compute_delta(sigma, q, num_steps, epsilon, relation=self.relation,
-                             sampler=self.sampler, accountant=accountant)
+                             sampler=self.sampler, accountant=accountant, noise=self.noise)
 
     def tracker(self, sigma: float, q: float, delta: float, **kwargs) -> "EpsilonTracker":
         """An :class:`EpsilonTracker` for this sampler and relation."""
-        return EpsilonTracker(sigma, q, delta, relation=self.relation, sampler=self.sampler, **kwargs)
+        return EpsilonTracker(sigma, q, delta, relation=self.relation, sampler=self.sampler, noise=self.noise,
+                              **kwargs)
 
     def calibrate(self, target_eps: float, delta: float, q: float, num_steps: int, **kwargs):
         """:func:`d3p.dputil.calibrate_sigma` for this sampler and relation:
@@ -256,7 +271,7 @@ class SamplerAccounting(NamedTuple):
         from d3p import dputil
 
         return dputil.calibrate_sigma(target_eps, delta, q, num_steps, sampler=self.sampler,
-                                      relation=self.relation, **kwargs)
+                                      relation=self.relation, noise=self.noise, **kwargs)
 
     def overflow_delta(self, num_records: int, q: float, max_batch_size: int,
                        num_steps: int, epsilon: float) -> float:
@@ -273,7 +288,8 @@ class SamplerAccounting(NamedTuple):
         return minibatch.poisson_overflow_delta(num_records, q, max_batch_size, num_steps, epsilon)
 
 
-def accounting_for(sampler: Optional[str] = None, relation: Optional[str] = None) -> SamplerAccounting:
+def accounting_for(sampler: Optional[str] = None, relation: Optional[str] = None,
+                   noise: str = "gaussian") -> SamplerAccounting:
     """The accounting of runs whose batches come from ``sampler``, with the
     guarantee stated under ``relation``: the one mapping from samplers to
     composed privacy-loss pairs, used by every accountant, calibration,
@@ -315,10 +331,17 @@ def accounting_for(sampler: Optional[str] = None, relation: Optional[str] = None
     * Fixed size under add/remove is refused: the batch size or q would
       change with N, which is not covered.
 
+    With ``noise="discrete"`` (:mod:`d3p.discrete`: integer sums of L2
+    sensitivity ``T``, noise ``σT``), each step's Rényi DP is bounded through
+    proven subsampling theorems per sampler and relation (statements and
+    references in ``d3p/_accounting/_discrete.py``), composed and converted
+    to (ε, δ); no ``accountant`` is used.
+
     :param str sampler: ``"poisson"`` or ``"fixed_size"`` (aliases
         ``"fixed"``, ``"subsample_batchify_data"``, ``"poisson_batchify_data"``).
     :param str relation: :data:`ADD_REMOVE` or :data:`SUBSTITUTE` (aliases as
         :func:`normalize_relation`).
+    :param str noise: ``"gaussian"`` (default) or ``"discrete"``.
     :return: :class:`SamplerAccounting`.
     :raises ValueError: for unknown names or an unsupported combination.
 
@@ -335,15 +358,44 @@ def accounting_for(sampler: Optional[str] = None, relation: Optional[str] = None
             sampler = Sampler.FIXED_SIZE if Relation(relation) == SUBSTITUTE else Sampler.POISSON
     sampler = Sampler(sampler)
     relation = SAMPLER_RELATIONS[sampler] if relation is None else Relation(relation)
+    noise = _noise(noise)
     if sampler == Sampler.POISSON:
-        return SamplerAccounting(sampler, relation, relation, 1.0)
+        return SamplerAccounting(sampler, relation, relation, 1.0, noise)
     if relation != SUBSTITUTE:
         raise ValueError(
             f"Expected relation='substitute' for sampler='fixed_size', got relation={relation!r}: "
             "fixed-size batches are accounted under the substitute relation only; use "
             "sampler='poisson' for add/remove."
         )
-    return SamplerAccounting(sampler, SUBSTITUTE, ADD_REMOVE, 2.0)
+    return SamplerAccounting(sampler, SUBSTITUTE, ADD_REMOVE, 2.0, noise)
+
+
+def _epsilon(acc: SamplerAccounting, phases: Sequence[Phase], delta: float, accountant: str) -> float:
+    """ε of validated phases under ``acc``: the composed pair's engine, or the
+    discrete mechanism's Rényi-DP bound."""
+    if acc.noise == "discrete":
+        return _discrete_engine("epsilon", acc, phases, delta)
+    return _engine.epsilon(acc.pair, acc.engine_phases(phases), delta, accountant).value
+
+
+def _delta(acc: SamplerAccounting, phases: Sequence[Phase], epsilon: float, accountant: str) -> float:
+    """δ of validated phases under ``acc`` (see :func:`_epsilon`)."""
+    if acc.noise == "discrete":
+        return _discrete_engine("delta", acc, phases, epsilon)
+    return _engine.delta(acc.pair, acc.engine_phases(phases), epsilon, accountant)
+
+
+def _discrete_engine(figure: str, acc: SamplerAccounting, phases: Sequence[Phase], target: float) -> float:
+    """ε or δ of the discrete mechanism; nothing released, or σ = ∞, is free,
+    and σ = 0 is the non-private query."""
+    kind, active = _engine._trivial(phases)
+    if kind == "zero":
+        return 0.0
+    if kind == "inf":
+        return math.inf if figure == "epsilon" else _engine.delta(acc.pair, acc.engine_phases(phases), target,
+                                                                  "rdp")
+    fn = _discrete.epsilon if figure == "epsilon" else _discrete.delta
+    return fn((acc.sampler, acc.relation), active, target)
 
 
 def _check_phases(phases) -> list:
@@ -372,7 +424,7 @@ def _check_phases(phases) -> list:
 
 
 def compose_epsilon(phases: Iterable[Union[Phase, tuple]], delta: float, *, relation: Optional[str] = None,
-                    accountant: str = "fourier", sampler: Optional[str] = None) -> float:
+                    accountant: str = "fourier", sampler: Optional[str] = None, noise: str = "gaussian") -> float:
     """ε at ``delta`` for a run made of phases with different settings.
 
     Each phase is ``(sigma, q, num_steps)`` (or a :class:`Phase`); the phases
@@ -395,15 +447,15 @@ def compose_epsilon(phases: Iterable[Union[Phase, tuple]], delta: float, *, rela
     >>> 0.5 < eps < 1.5
     True
     """
-    acc = accounting_for(sampler, relation)
+    acc = accounting_for(sampler, relation, noise)
     accountant = _accountant(accountant)
     delta = _validate.open_unit("delta", delta)
     phases = _check_phases(phases)
-    return _engine.epsilon(acc.pair, acc.engine_phases(phases), delta, accountant).value
+    return _epsilon(acc, phases, delta, accountant)
 
 
 def compose_delta(phases: Iterable[Union[Phase, tuple]], epsilon: float, *, relation: Optional[str] = None,
-                  accountant: str = "fourier", sampler: Optional[str] = None) -> float:
+                  accountant: str = "fourier", sampler: Optional[str] = None, noise: str = "gaussian") -> float:
     """δ at ``epsilon`` for a run made of phases with different settings.
 
     :param phases: sequence of ``(sigma, q, num_steps)``.
@@ -415,15 +467,15 @@ def compose_delta(phases: Iterable[Union[Phase, tuple]], epsilon: float, *, rela
 
     **Formal guarantees**: as :func:`compute_delta`, for the composition.
     """
-    acc = accounting_for(sampler, relation)
+    acc = accounting_for(sampler, relation, noise)
     accountant = _accountant(accountant)
     epsilon = _validate.non_negative("epsilon", epsilon)
     phases = _check_phases(phases)
-    return _engine.delta(acc.pair, acc.engine_phases(phases), epsilon, accountant)
+    return _delta(acc, phases, epsilon, accountant)
 
 
 def compute_epsilon(sigma: float, q: float, num_steps: int, delta: float, *, relation: Optional[str] = None,
-                    accountant: str = "fourier", sampler: Optional[str] = None) -> float:
+                    accountant: str = "fourier", sampler: Optional[str] = None, noise: str = "gaussian") -> float:
     """ε at ``delta`` for ``num_steps`` steps of the subsampled Gaussian
     mechanism with noise multiplier ``sigma`` and sampling probability ``q``.
 
@@ -439,6 +491,8 @@ def compute_epsilon(sigma: float, q: float, num_steps: int, delta: float, *, rel
         ``relation=SUBSTITUTE`` alone means fixed-size batches without replacement, accounted
         with the add/remove pair at noise multiplier σ/2; ``sampler="poisson",
         relation=SUBSTITUTE`` uses the midpoint pair.
+    :param str noise: ``"gaussian"`` (default) or ``"discrete"``, the discrete Gaussian
+        mechanism of :mod:`d3p.discrete` (its Rényi-DP bound; ``accountant`` is not used).
     :return: ε ≥ 0.
 
     **Formal guarantees** (for the sampler and relation as resolved by :func:`accounting_for`,
@@ -494,14 +548,14 @@ def compute_epsilon(sigma: float, q: float, num_steps: int, delta: float, *, rel
     3.77
     """
     phase = Phase(_sigma(sigma), _validate.probability("q", q), _steps("num_steps", num_steps))
-    acc = accounting_for(sampler, relation)
+    acc = accounting_for(sampler, relation, noise)
     accountant = _accountant(accountant)
     delta = _validate.open_unit("delta", delta)
-    return _engine.epsilon(acc.pair, acc.engine_phases([phase]), delta, accountant).value
+    return _epsilon(acc, [phase], delta, accountant)
 
 
 def compute_delta(sigma: float, q: float, num_steps: int, epsilon: float, *, relation: Optional[str] = None,
-                  accountant: str = "fourier", sampler: Optional[str] = None) -> float:
+                  accountant: str = "fourier", sampler: Optional[str] = None, noise: str = "gaussian") -> float:
     """δ at ``epsilon`` for ``num_steps`` steps of the subsampled Gaussian
     mechanism with noise multiplier ``sigma`` and sampling probability ``q``.
 
@@ -524,10 +578,10 @@ def compute_delta(sigma: float, q: float, num_steps: int, epsilon: float, *, rel
     used at all (its exact δ for a non-private query).
     """
     phase = Phase(_sigma(sigma), _validate.probability("q", q), _steps("num_steps", num_steps))
-    acc = accounting_for(sampler, relation)
+    acc = accounting_for(sampler, relation, noise)
     accountant = _accountant(accountant)
     epsilon = _validate.non_negative("epsilon", epsilon)
-    return _engine.delta(acc.pair, acc.engine_phases([phase]), epsilon, accountant)
+    return _delta(acc, [phase], epsilon, accountant)
 
 
 class EpsilonTracker:
@@ -548,6 +602,7 @@ class EpsilonTracker:
     :param float growth: ratio of the geometric grid, > 1 (default 1.1).
     :param str sampler: ``"poisson"`` or ``"fixed_size"`` (resolved with
         ``relation`` by :func:`accounting_for`).
+    :param str noise: ``"gaussian"`` (default) or ``"discrete"`` (see :func:`compute_epsilon`).
 
     **Formal guarantees**: ``epsilon(t)`` ≥ the ε of the first t steps, with
     the guarantees of :func:`compute_epsilon` (it is :func:`compute_epsilon` at
@@ -571,11 +626,13 @@ class EpsilonTracker:
         accountant: str = "fourier",
         growth: float = 1.1,
         sampler: Optional[str] = None,
+        noise: str = "gaussian",
     ):
         self.sigma = _sigma(sigma)
         self.q = _validate.probability("q", q)
         self.delta = _validate.open_unit("delta", delta)
-        self.accounting = accounting_for(sampler, relation)
+        self.accounting = accounting_for(sampler, relation, noise)
+        self.noise = self.accounting.noise
         self.relation = self.accounting.relation
         self.sampler = self.accounting.sampler
         self.accountant = _accountant(accountant)
@@ -598,7 +655,7 @@ class EpsilonTracker:
         if t not in self._cache:
             self._cache[t] = compute_epsilon(
                 self.sigma, self.q, t, self.delta, relation=self.relation,
-                accountant=self.accountant, sampler=self.sampler,
+                accountant=self.accountant, sampler=self.sampler, noise=self.noise,
             )
         return self._cache[t]
 
@@ -621,4 +678,4 @@ class EpsilonTracker:
     def __repr__(self) -> str:
         return (f"EpsilonTracker(sigma={self.sigma!r}, q={self.q!r}, delta={self.delta!r}, "
                 f"relation={self.relation!r}, sampler={self.sampler!r}, num_steps={self.num_steps!r}, "
-                f"accountant={self.accountant!r})")
+                f"accountant={self.accountant!r}, noise={self.noise!r})")

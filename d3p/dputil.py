@@ -21,8 +21,6 @@ Pick the function that matches the batch sampler of the run:
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import math
 import time
 from typing import Callable, NamedTuple, Optional, Tuple
@@ -192,26 +190,45 @@ def _verified_search(verified: _Verified, target_eps, s0, slope, tol, max_evals)
     return found
 
 
-def _rdp_calibration(pair, target_eps, delta, q, num_iter, s0, tol) -> Tuple[float, float, int]:
-    """(σ, ε, evaluations) calibrated with the RDP bound (rigorous, cheap)."""
+def _bracketed_calibration(eps_of: Callable[[float], float], target_eps, s0, tol, grow: float):
+    """(σ, ε, evaluations): the smallest σ, to a relative ``tol``, with
+    ``eps_of(σ) <= target_eps``, for a rigorous bound ``eps_of`` that is
+    non-increasing in σ; bracketed from ``s0``, then bisected, then raised by
+    the factor ``grow`` until it meets the target. Every σ returned is evaluated."""
     evals = {}
 
-    def rdp_fn(s: float) -> float:
+    def eps_fn(s: float) -> float:
         if s not in evals:
-            evals[s] = _rdp.epsilon(pair, [Phase(s, q, num_iter)], delta)
+            evals[s] = eps_of(s)
         return evals[s]
 
     lo, hi = s0 / 2, s0 * 2
-    while rdp_fn(hi) > target_eps and hi < 1e8:
+    while eps_fn(hi) > target_eps and hi < 1e8:
         lo, hi = hi, hi * 4
-    while rdp_fn(lo) <= target_eps and lo > 1e-8:
+    while eps_fn(lo) <= target_eps and lo > 1e-8:
         lo, hi = lo / 4, lo
-    sigma = _smallest_sigma(rdp_fn, target_eps, lo, hi, 0.5 * math.log1p(tol))
+    sigma = _smallest_sigma(eps_fn, target_eps, lo, hi, 0.5 * math.log1p(tol))
     for _ in range(64):
-        if rdp_fn(sigma) <= target_eps:
+        if eps_fn(sigma) <= target_eps:
             break
-        sigma *= 2
-    return sigma, rdp_fn(sigma), len(evals)
+        sigma *= grow
+    return sigma, eps_fn(sigma), len(evals)
+
+
+def _rdp_calibration(pair, target_eps, delta, q, num_iter, s0, tol) -> Tuple[float, float, int]:
+    """(σ, ε, evaluations) calibrated with the RDP bound (rigorous, cheap)."""
+    return _bracketed_calibration(lambda s: _rdp.epsilon(pair, [Phase(s, q, num_iter)], delta),
+                                  target_eps, s0, tol, 2.0)
+
+
+def _discrete_calibration(accounting, target_eps, delta, q, num_iter, tol) -> Tuple[float, float, int]:
+    """(σ, ε, evaluations) for the discrete mechanism: the smallest σ, to a
+    relative ``tol``, whose Rényi-DP bound (:func:`d3p.accounting.compute_epsilon`
+    with ``noise="discrete"``) meets the target."""
+    if -math.expm1(num_iter * math.log1p(-q) if q < 1 else -math.inf) <= delta:
+        return 0.0, 0.0, 0
+    return _bracketed_calibration(
+        lambda s: _acc._epsilon(accounting, [Phase(s, q, num_iter)], delta, "rdp"), target_eps, 1.0, tol, 1 + tol)
 
 
 def _calibrate(
@@ -239,6 +256,8 @@ def _calibrate(
     max_time = _validate.positive("max_time", max_time)
     max_evals = _acc._steps("max_evals", max_evals, minimum=1)
     accountant = _acc._accountant(accountant)
+    if accounting.noise == "discrete":
+        return _discrete_calibration(accounting, target_eps, delta, q, num_iter, tol)
     sigma, eps, evals = _calibrate_pair(accounting.pair, target_eps, delta, q, num_iter, tol=tol,
                                         max_time=max_time, max_evals=max_evals, accountant=accountant)
     return sigma * accounting.noise_divisor, eps, evals
@@ -287,7 +306,8 @@ def _compat_max_evals(maxeval, max_evals, force_smaller) -> int:
 
 def calibrate_sigma(target_eps: float, delta: float, q: float, num_iter: int, *, sampler: Optional[str] = None,
                     relation: Optional[str] = None, tol: float = 1e-3, max_time: float = 60.0,
-                    max_evals: int = 60, accountant: str = "fourier") -> Tuple[float, float, int]:
+                    max_evals: int = 60, accountant: str = "fourier",
+                    noise: str = "gaussian") -> Tuple[float, float, int]:
     """Smallest noise multiplier σ for which ``num_iter`` steps with sampling
     probability ``q`` and the given sampler are (``target_eps``,
     ``delta``)-DP under the given relation.
@@ -297,7 +317,9 @@ def calibrate_sigma(target_eps: float, delta: float, q: float, num_iter: int, *,
     add/remove). :func:`approximate_sigma` is
     ``calibrate_sigma(..., sampler="fixed_size")`` and
     :func:`approximate_sigma_remove_relation` is
-    ``calibrate_sigma(..., sampler="poisson")``.
+    ``calibrate_sigma(..., sampler="poisson")``. ``noise="discrete"``
+    calibrates for the discrete Gaussian mechanism of :mod:`d3p.discrete`
+    (by its Rényi-DP bound, see :func:`d3p.accounting.accounting_for`).
 
     Arguments, return value and **Formal guarantees** as
     :func:`approximate_sigma`, for the resolved sampler and relation.
@@ -307,13 +329,14 @@ def calibrate_sigma(target_eps: float, delta: float, q: float, num_iter: int, *,
     >>> 9.5 < sigma < 9.8 and eps <= 1.0
     True
     """
-    return _calibrate(_acc.accounting_for(sampler, relation), target_eps, delta, q, num_iter,
+    return _calibrate(_acc.accounting_for(sampler, relation, noise), target_eps, delta, q, num_iter,
                       tol=tol, max_time=max_time, max_evals=max_evals, accountant=accountant)
 
 
 def approximate_sigma(target_eps: float, delta: float, q: float, num_iter: int, tol: float = 1e-3,
                       force_smaller: bool = True, *, maxeval: Optional[int] = None, max_time: float = 60.0,
-                      max_evals: int = 60, accountant: str = "fourier") -> Tuple[float, float, int]:
+                      max_evals: int = 60, accountant: str = "fourier",
+                      noise: str = "gaussian") -> Tuple[float, float, int]:
     """Smallest noise multiplier σ for which ``num_iter`` steps with sampling
     ratio ``q`` are (``target_eps``, ``delta``)-DP under the **substitute**
     relation, for fixed-size batches sampled **without replacement**
@@ -349,6 +372,9 @@ def approximate_sigma(target_eps: float, delta: float, q: float, num_iter: int, 
     :param int max_evals: limit on the number of accountant evaluations.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"``
         (see :mod:`d3p.accounting`).
+    :param str noise: ``"gaussian"`` (default) or ``"discrete"``: calibrate for
+        ``DPSVI(noise="discrete")``, by the discrete mechanism's Rényi-DP bound
+        (``accountant`` is then not used; see :func:`d3p.accounting.accounting_for`).
     :return: ``(sigma, eps, num_evals)``: the noise multiplier, the ε it
         achieves at ``delta`` (by the accountant and rules of
         :func:`d3p.accounting.compute_epsilon`), and the number of accountant
@@ -383,14 +409,15 @@ def approximate_sigma(target_eps: float, delta: float, q: float, num_iter: int, 
     True
     """
     max_evals = _compat_max_evals(maxeval, max_evals, force_smaller)
-    return _calibrate(_acc.accounting_for("fixed_size", SUBSTITUTE), target_eps, delta, q, num_iter, tol=tol,
+    return _calibrate(_acc.accounting_for("fixed_size", SUBSTITUTE, noise), target_eps, delta, q, num_iter, tol=tol,
                       max_time=max_time, max_evals=max_evals, accountant=accountant)
 
 
 def approximate_sigma_remove_relation(target_eps: float, delta: float, q: float, num_iter: int, tol: float = 1e-3,
                                       force_smaller: bool = True, *, maxeval: Optional[int] = None,
                                       max_time: float = 60.0, max_evals: int = 60,
-                                      accountant: str = "fourier") -> Tuple[float, float, int]:
+                                      accountant: str = "fourier",
+                                      noise: str = "gaussian") -> Tuple[float, float, int]:
     """Smallest noise multiplier σ for which ``num_iter`` steps with sampling
     probability ``q`` are (``target_eps``, ``delta``)-DP under the
     **add/remove** relation, for **Poisson sampling** (each record included
@@ -410,6 +437,7 @@ def approximate_sigma_remove_relation(target_eps: float, delta: float, q: float,
     :param float max_time: soft limit in seconds (default 60).
     :param int max_evals: limit on the number of accountant evaluations.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"``.
+    :param str noise: ``"gaussian"`` (default) or ``"discrete"`` (see :func:`approximate_sigma`).
     :return: ``(sigma, eps, num_evals)`` as for :func:`approximate_sigma`.
 
     **Formal guarantees** (add/remove relation, Poisson sampling, Gaussian
@@ -423,5 +451,5 @@ def approximate_sigma_remove_relation(target_eps: float, delta: float, q: float,
     True
     """
     max_evals = _compat_max_evals(maxeval, max_evals, force_smaller)
-    return _calibrate(_acc.accounting_for("poisson", ADD_REMOVE), target_eps, delta, q, num_iter, tol=tol,
+    return _calibrate(_acc.accounting_for("poisson", ADD_REMOVE, noise), target_eps, delta, q, num_iter, tol=tol,
                       max_time=max_time, max_evals=max_evals, accountant=accountant)

@@ -507,9 +507,10 @@ def _sum_depth(B: int, chunk: int, rows: int = 1) -> int:
     return chunk * rows + -(-B // chunk)
 
 
-def _in_chunks(chunk_fn, params, records, mask, chunk):
+def _in_chunks(chunk_fn, params, records, mask, chunk, zero=None):
     """Run ``chunk_fn(records, mask) -> (sum, losses, norms)`` over chunks of
-    ``chunk`` records under ``lax.scan`` and add up the sums."""
+    ``chunk`` records under ``lax.scan`` and add up the sums (starting from
+    ``zero``, by default zeros shaped like ``params``)."""
     B = mask.shape[0]
     chunk = max(1, min(int(chunk), B))
     if chunk >= B:
@@ -524,7 +525,8 @@ def _in_chunks(chunk_fn, params, records, mask, chunk):
 
     chunked_records = jax.tree.map(pad_and_split, records)
     chunked_mask = pad_and_split(mask)  # padding is False
-    zero = jax.tree.map(jnp.zeros_like, params)
+    if zero is None:
+        zero = jax.tree.map(jnp.zeros_like, params)
 
     def body(acc, xs):
         recs, m = xs

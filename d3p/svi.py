@@ -24,7 +24,7 @@ from numpyro.infer.svi import SVI
 from numpyro.optim import Minimize
 
 import d3p.random
-from d3p import _validate, gradients
+from d3p import _validate, discrete, gradients
 from d3p.gradients import add_gaussian_noise, clipped_grad_sum
 from d3p.random import _threefry
 
@@ -153,6 +153,27 @@ def _privacy_settings(clipping_threshold, dp_scale):
     return C, s
 
 
+NOISE_MECHANISMS = ("gaussian", "discrete")
+
+
+def _noise_setting(noise, dp_scale: float, clipping_threshold: float, strategy: str) -> str:
+    """The validated ``noise`` argument of :class:`DPSVI`."""
+    noise = _validate.choice("noise", noise, NOISE_MECHANISMS)
+    if noise == "discrete":
+        if dp_scale == 0 or math.isinf(clipping_threshold):
+            raise ValueError(
+                f"Expected dp_scale > 0 and a finite clipping_threshold with noise='discrete', got "
+                f"dp_scale={dp_scale!r} and clipping_threshold={clipping_threshold!r}."
+            )
+        if strategy not in ("auto", "scan"):
+            raise ValueError(
+                f"Expected gradient_strategy 'auto' or 'scan' with noise='discrete' (it forms each "
+                f"record's gradient on its own, one record at a time, so that its rounding does not "
+                f"depend on the batch), got gradient_strategy={strategy!r}."
+            )
+    return noise
+
+
 def _optional_count(name, value) -> Optional[int]:
     """``None``, or an integer ``>= 1``."""
     return None if value is None else _validate.integer(name, value, minimum=1)
@@ -275,6 +296,15 @@ class DPSVI(SVI):
     :param int memory_budget_bytes: bytes of per-record gradients (or
         activations) held at once; default
         :data:`d3p.gradients.DEFAULT_MEMORY_BUDGET_BYTES`.
+    :param str noise: the privacy noise: ``"gaussian"`` (default), continuous
+        Gaussian noise of std ``dp_scale * C`` drawn in floating point, or
+        ``"discrete"``, the discrete Gaussian mechanism of :mod:`d3p.discrete`:
+        each record's clipped gradient rounded to a public grid, summed exactly
+        in integers, plus exactly sampled discrete Gaussian noise, so that the
+        guarantee holds for the floating-point program (noise ``(1 + η)``
+        times larger, ``η`` = 1%; each record's gradient is formed on its own,
+        one record at a time, as by the ``"scan"`` strategy; accounted with
+        ``noise="discrete"`` in :mod:`d3p.accounting`, which :meth:`run` does).
     :param static_kwargs: keyword arguments passed to model and guide at every
         call, shared by all records (e.g. ``N``, or group-level data); the only
         place for such values, and treated as public (they are used without
@@ -317,6 +347,7 @@ class DPSVI(SVI):
         gradient_strategy: str = "auto",
         chunk_size: Optional[int] = None,
         memory_budget_bytes: Optional[int] = None,
+        noise: str = "gaussian",
         **static_kwargs,
     ):
         if isinstance(optim, Minimize) or getattr(optim, "update_with_value", False):
@@ -334,6 +365,9 @@ class DPSVI(SVI):
         self.gradient_strategy = _validate.choice("gradient_strategy", gradient_strategy, gradients.STRATEGIES)
         self.chunk_size = _optional_count("chunk_size", chunk_size)
         self.memory_budget_bytes = _optional_count("memory_budget_bytes", memory_budget_bytes)
+        self.noise = _noise_setting(noise, self.dp_scale, self.clipping_threshold, self.gradient_strategy)
+        # the discrete mechanism's public constants per parameter count (see d3p.discrete)
+        self._discrete_plans = {}
         # per_example_loss is also available as self.loss (numpyro's name)
         self.per_example_loss = per_example_loss
         # numpyro hands optax transformations the loss value; the loss is not
@@ -547,21 +581,8 @@ class DPSVI(SVI):
         # a public constant (None without clip_unscaled_observations): see _observation_scale
         scale = self._observation_scale(params, treedef, records)
         loss_fn = self._record_loss_fn(treedef, scale, key_impl)
-        result = clipped_grad_sum(
-            loss_fn,
-            params,
-            (record_keys, list(records)),
-            mask,
-            self.clipping_threshold,
-            strategy=self.gradient_strategy,
-            chunk_size=self.chunk_size,
-            forward_mode=forward_mode,
-            memory_budget_bytes=self.memory_budget_bytes,
-            on_choice=self._record_choice,
-        )
-        noisy_sum = add_gaussian_noise(
-            result.grad_sum, noise_key, self.dp_scale, self.clipping_threshold, self.rng_suite
-        )
+        result, noisy_sum = self._private_sum(loss_fn, params, (record_keys, list(records)), mask,
+                                              forward_mode, noise_key)
         # the public normalisation: N / B when the per-record losses were divided
         # by the observation scale (N, the scale of a batch of one), else 1 / B
         factor = (1.0 if scale is None else scale) / expected_batch_size
@@ -571,6 +592,41 @@ class DPSVI(SVI):
         if observation_scale is not None and B > 0:
             observation_scale = _batch_scale(scale, B)
         return DPSVIState(svi_state.optim_state, None, rng_key, observation_scale), grad, loss
+
+    def discrete_plan(self, params) -> "discrete.DiscretePlan":
+        """The public constants of ``noise="discrete"`` for parameters shaped like
+        ``params``: grid, norm bound and noise (see :func:`d3p.discrete.discrete_plan`)."""
+        num_params = sum(int(np.size(x)) for x in jax.tree.leaves(params))
+        if num_params not in self._discrete_plans:
+            self._discrete_plans[num_params] = discrete.discrete_plan(
+                self.dp_scale, self.clipping_threshold, num_params)
+        return self._discrete_plans[num_params]
+
+    def _private_sum(self, loss_fn, params, records, mask, forward_mode, noise_key):
+        """``(ClippedSum, noisy sum)``: the clipped sum over records and its noisy
+        release, by the continuous or the discrete mechanism."""
+        if self.noise == "discrete":
+            plan = self.discrete_plan(params)
+            result = discrete.clipped_integer_sum(loss_fn, params, records, mask, plan,
+                                                  forward_mode=forward_mode)
+            dtype = jnp.result_type(*jax.tree.leaves(params))
+            noisy = discrete.add_discrete_gaussian_noise(result.grad_sum, noise_key, plan, self.rng_suite, dtype)
+            noisy = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), noisy, params)
+            return result, noisy
+        result = clipped_grad_sum(
+            loss_fn,
+            params,
+            records,
+            mask,
+            self.clipping_threshold,
+            strategy=self.gradient_strategy,
+            chunk_size=self.chunk_size,
+            forward_mode=forward_mode,
+            memory_budget_bytes=self.memory_budget_bytes,
+            on_choice=self._record_choice,
+        )
+        noisy = add_gaussian_noise(result.grad_sum, noise_key, self.dp_scale, self.clipping_threshold, self.rng_suite)
+        return result, noisy
 
     def _step(self, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
         """One step: ``(new_state, loss, noisy_gradient)``; see :meth:`update`."""
@@ -734,7 +790,7 @@ class DPSVI(SVI):
         a number of steps and an accounting, whose ``figure`` (``"epsilon"`` or
         ``"delta"``) is returned for ``target`` (δ or ε)."""
         steps = _num_steps(q, num_epochs, num_iter)
-        compute = getattr(_method_accounting(sampler, relation), figure)
+        compute = getattr(_method_accounting(sampler, relation, self.noise), figure)
         return compute(self.dp_scale, q, steps, target, accountant=accountant)
 
     # ------------------------------------------------------------------ run
@@ -839,7 +895,7 @@ class DPSVI(SVI):
             if q is None:
                 q = minibatch.batch_size_to_q(batch_size, N)
             sampler = minibatch.PoissonSampler(N, q, max_batch_size)
-        acc = accounting.accounting_for(sampler.name, relation)
+        acc = accounting.accounting_for(sampler.name, relation, self.noise)
         if target_delta is None:
             target_delta = 1.0 / N**2
         tracker = acc.tracker(self.dp_scale, sampler.q, target_delta, num_steps=num_steps, accountant=accountant)
@@ -863,7 +919,7 @@ class DPSVI(SVI):
 #: The values of :meth:`DPSVI.run`'s ``sampling``.
 _SAMPLINGS = ("poisson", "fixed")
 
-def _method_accounting(sampler, relation):
+def _method_accounting(sampler, relation, noise="gaussian"):
     """The accounting of :meth:`DPSVI.get_epsilon`/:meth:`DPSVI.get_delta`:
     with neither argument, fixed-size batches under substitute (d3p 0.2's
     meaning, and the most conservative accounting)."""
@@ -871,7 +927,7 @@ def _method_accounting(sampler, relation):
 
     if sampler is None and relation is None:
         sampler = "fixed_size"
-    return accounting.accounting_for(sampler, relation)
+    return accounting.accounting_for(sampler, relation, noise)
 
 
 def _num_steps(q, num_epochs, num_iter) -> int:

@@ -455,6 +455,31 @@ def test_correct_dpsvi_with_fixed_size_batches_respects_the_accountant():
     assert res.epsilon_lower >= 0.3 * res.epsilon_accountant, res.summary()  # power
 
 
+def test_correct_discrete_dpsvi_respects_its_accountant():
+    """DPSVI(noise="discrete"): the audit's lower bound stays below the ε its
+    accountant reports, and is as strong as for the continuous mechanism."""
+    res = audit.audit_dpsvi(d3p.random.PRNGKey(24), 20_000, delta=DELTA, noise="discrete", **DPSVI_SETTING)
+    assert res.epsilon_accountant == pytest.approx(
+        accounting.compute_epsilon(2.0, 0.5, 4, DELTA, relation="add_remove", noise="discrete")
+    )
+    assert res.epsilon_lower <= res.epsilon_accountant, res.summary()
+    gaussian = accounting.compute_epsilon(2.0, 0.5, 4, DELTA, relation="add_remove")
+    assert res.epsilon_lower >= 0.3 * gaussian, res.summary()  # power
+    assert not res.violation
+
+
+@pytest.mark.slow
+def test_discrete_dpsvi_without_noise_is_detected_slow(monkeypatch):
+    import jax.numpy as jnp
+
+    from d3p import discrete
+
+    monkeypatch.setattr(discrete, "discrete_gaussian", lambda key, shape, k, suite: jnp.zeros(shape, jnp.int32))
+    res = audit.audit_dpsvi(d3p.random.PRNGKey(25), 20_000, delta=DELTA, noise="discrete", **DPSVI_SETTING)
+    assert res.violation
+    assert res.epsilon_lower > 2.0 * res.epsilon_accountant, res.summary()
+
+
 def test_dpsvi_with_noise_from_the_realised_batch_size_is_detected(monkeypatch):
     """Noise std divided by the realised number of records (the sum is not):
     under Poisson sampling the noise then shrinks with the batch and depends on

@@ -22,6 +22,7 @@ PUBLIC_MODULES = [
     "d3p.svi",
     "d3p.minibatch",
     "d3p.gradients",
+    "d3p.discrete",
     "d3p.accounting",
     "d3p.dputil",
     "d3p.random",

@@ -90,17 +90,27 @@ def _total(pair: str, phases: Sequence) -> np.ndarray:
     return total
 
 
-def epsilon(pair: str, phases: Sequence, delta: float) -> float:
-    """ε upper bound from RDP (Canonne, Kamath, Steinke 2020, Prop. 12)."""
-    rdp = _total(pair, phases)
-    a = ORDERS[pair].astype(np.float64)
+def epsilon_from_rdp(orders: np.ndarray, rdp: np.ndarray, delta: float) -> float:
+    """ε at ``delta`` of a mechanism that is (α, rdp[i])-RDP at each α = orders[i] > 1
+    (Canonne, Kamath, Steinke 2020, Prop. 12), minimised over the orders."""
+    a = np.asarray(orders, dtype=np.float64)
     eps = rdp + np.log1p(-1 / a) - (math.log(delta) + np.log(a)) / (a - 1)
     return float(max(np.min(eps), 0.0))
 
 
-def delta(pair: str, phases: Sequence, epsilon: float) -> float:
-    """δ upper bound at ``epsilon`` from RDP (same conversion as :func:`epsilon`)."""
-    rdp = _total(pair, phases)
-    a = ORDERS[pair].astype(np.float64)
+def delta_from_rdp(orders: np.ndarray, rdp: np.ndarray, epsilon: float) -> float:
+    """δ at ``epsilon`` from the same RDP curve and conversion as
+    :func:`epsilon_from_rdp` (at most 1)."""
+    a = np.asarray(orders, dtype=np.float64)
     log_delta = (a - 1) * (rdp - epsilon + np.log1p(-1 / a)) - np.log(a)
     return float(min(math.exp(min(np.min(log_delta), 0.0)), 1.0))
+
+
+def epsilon(pair: str, phases: Sequence, delta: float) -> float:
+    """ε upper bound from RDP (Canonne, Kamath, Steinke 2020, Prop. 12)."""
+    return epsilon_from_rdp(ORDERS[pair], _total(pair, phases), delta)
+
+
+def delta(pair: str, phases: Sequence, epsilon: float) -> float:
+    """δ upper bound at ``epsilon`` from RDP (same conversion as :func:`epsilon`)."""
+    return delta_from_rdp(ORDERS[pair], _total(pair, phases), epsilon)

@@ -185,7 +185,7 @@ def audit_dpsvi(
     score_sigma: Any = "estimate",
     accountant: str = "fourier",
     progress_bar: bool = False,
-    sampling: str = "poisson",
+    sampling: str = "poisson", noise: str = "gaussian",
     **kwargs: Any,
 ) -> AuditResult:
     """Audit ``num_steps`` steps of :meth:`d3p.svi.DPSVI.update` under Poisson
@@ -197,19 +197,18 @@ def audit_dpsvi(
     add/remove. ``sampling="fixed"``: projections from
     :func:`dpsvi_fixed_size_projections` (the extreme substitute pair: every
     record's gradient +C, one at -C; ``B = batch_size`` records, default 1,
-    out of ``N = round(B / q)``), the claim for fixed-size batches under
-    substitute. The bound comes from :func:`epsilon_lower_bound` (threshold
-    chosen on the first half of the runs, by default).
+    of ``N = round(B / q)``), the claim for fixed-size batches under
+    substitute. The bound: :func:`epsilon_lower_bound` (by default with the
+    threshold chosen on the first half of the runs).
 
     With ``threat_model="every_step"`` the score is
     :func:`subsampled_gaussian_log_ratio` with an attacker's σ. By default
     (``score_sigma="estimate"``, split mode) the attacker estimates it from the
     calibration runs without the canary (root mean square of their
-    projections, which are pure noise), so that a mechanism whose noise is not
-    what it claims is attacked with the right score; the evaluation runs are
-    never used for it, so the guarantee below is unaffected. A number uses
-    that σ; ``None``, or a fixed ``threshold`` or ``thresholds`` (no
-    calibration runs), the σ of the accounted pair (``dp_scale``, halved
+    projections, pure noise), so a mechanism whose noise is not what it
+    claims is attacked with the right score; the evaluation runs never enter
+    it. A number uses that σ; ``None``, ``threshold`` or ``thresholds``
+    (no calibration runs), the accounted pair's σ (``dp_scale``, halved
     with fixed-size batches).
 
     :param rng_key: a key of the PRNG suite.
@@ -225,6 +224,7 @@ def audit_dpsvi(
     :param str accountant: accountant for the claim.
     :param bool progress_bar: show progress.
     :param str sampling: ``"poisson"`` (default) or ``"fixed"``.
+    :param str noise: ``"gaussian"`` or ``"discrete"``: ``DPSVI(noise=...)`` and its accounting.
     :param kwargs: passed on to :func:`dpsvi_projections` (``num_other_records``, ``dim``,
         ``canary_norm``, ``sampler``, ``svi_class``, ``rng_suite``, ``runs_per_chunk``) or
         :func:`dpsvi_fixed_size_projections` (``batch_size``, ``dim``, ``canary_norm``,
@@ -243,7 +243,7 @@ def audit_dpsvi(
     """
     bound_kwargs, delta = _split_kwargs(kwargs, delta)
     score_sigma, sampling, threat_model = _check_dpsvi_choices(score_sigma, sampling, threat_model)
-    acc = _accounting.accounting_for(sampling)  # "fixed" is an alias of "fixed_size"
+    acc = _dpsvi_accounting(sampling, noise, kwargs)
     kwargs.update(dp_scale=dp_scale, q=q, num_steps=num_steps, clipping_threshold=clipping_threshold)
     s_in, s_out, q, sigma_used = _dpsvi_audit_scores(rng_key, num_runs, sampling, threat_model, score_sigma,
                                                      bound_kwargs, acc, dict(kwargs, progress_bar=progress_bar))
@@ -251,6 +251,28 @@ def audit_dpsvi(
                        sampling=sampling, score_sigma=sigma_used)
     eps_acc = acc.epsilon(dp_scale, q, num_steps, delta, accountant=accountant)  # the claim audited
     return _result(s_in, s_out, delta, beta, eps_acc, setting, bound_kwargs)
+
+
+def _dpsvi_accounting(sampling: str, noise: str, kwargs: dict):
+    """The accounting of :func:`audit_dpsvi` (``"fixed"`` is an alias of
+    ``"fixed_size"``); for discrete noise, ``kwargs["svi_class"]`` is set to a
+    subclass that adds it."""
+    acc = _accounting.accounting_for(sampling, noise=noise)
+    if acc.noise == "discrete":
+        kwargs["svi_class"] = _with_noise(kwargs.get("svi_class"), "discrete")
+    return acc
+
+
+def _with_noise(svi_class, noise: str) -> type:
+    """A subclass of ``svi_class`` (default :class:`d3p.svi.DPSVI`) whose instances add ``noise``."""
+    from d3p import svi as svi_module
+
+    base = svi_module.DPSVI if svi_class is None else svi_class
+
+    def __init__(self, *args, **kwargs):
+        base.__init__(self, *args, noise=noise, **kwargs)
+
+    return type(f"{base.__name__}With{noise.capitalize()}Noise", (base,), {"__init__": __init__})
 
 
 def _check_dpsvi_choices(score_sigma, sampling: str, threat_model: str):

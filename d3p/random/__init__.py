@@ -22,4 +22,6 @@ from d3p.random.chacha import (  # noqa: F401 (re-exported, see __all__)
     uniform,
 )
 
-__all__ = [*SUITE_API, "debug"]
+from d3p.random.discrete import discrete_gaussian
+
+__all__ = [*SUITE_API, "debug", "discrete_gaussian"]

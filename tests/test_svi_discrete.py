@@ -1,0 +1,91 @@
+"""DPSVI with noise="discrete": the step, its checks and its accounting."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import Trace_ELBO
+from numpyro.infer.autoguide import AutoDiagonalNormal
+
+import d3p.random
+from d3p import accounting
+from d3p.svi import DPSVI
+
+
+def model(xs, N):
+    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
+
+
+def make_svi(noise="discrete", **kwargs):
+    guide = AutoDiagonalNormal(model)
+    kwargs = dict(dict(clipping_threshold=2.0, dp_scale=1.0, N=200), **kwargs)
+    return DPSVI(model, guide, numpyro.optim.Adam(0.05), Trace_ELBO(), noise=noise, **kwargs)
+
+
+XS = jnp.linspace(0.0, 2.0, 200)
+
+
+def test_update_releases_grid_multiples():
+    svi = make_svi()
+    state = svi.init(d3p.random.PRNGKey(0), XS[:20])
+    params = svi.get_params(state)
+    plan = svi.discrete_plan(params)
+    assert plan.num_params == 2 and plan.dp_scale == 1.0 and plan.clipping_threshold == 2.0
+    _, grad, _ = svi._noisy_gradient(state, (XS[:20],), {}, None, None, False)
+    # the noisy sum is grid * integers, then scaled by the public factor N / B
+    factor = 200 / 20
+    for g in jax.tree.leaves(grad):
+        steps = np.asarray(g, np.float64) / factor / plan.grid
+        np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)
+
+
+def test_run_learns_and_reports_the_discrete_epsilon():
+    svi = make_svi(dp_scale=0.8)
+    result = svi.run(d3p.random.PRNGKey(1), 300, XS, batch_size=20, progress_bar=False)
+    assert abs(float(result.params["auto_loc"][0]) - 1.0) < 0.3
+    expected = accounting.compute_epsilon(0.8, 0.1, 300, 1 / 200 ** 2,
+                                          sampler="poisson", noise="discrete")
+    assert result.epsilon == pytest.approx(expected, rel=1e-9)
+    gaussian = accounting.compute_epsilon(0.8, 0.1, 300, 1 / 200 ** 2, sampler="poisson")
+    assert result.epsilon >= gaussian
+
+
+def test_same_key_same_parameters():
+    a = make_svi().run(d3p.random.PRNGKey(2), 20, XS, batch_size=20, progress_bar=False)
+    b = make_svi().run(d3p.random.PRNGKey(2), 20, XS, batch_size=20, progress_bar=False)
+    np.testing.assert_array_equal(np.asarray(a.params["auto_loc"]), np.asarray(b.params["auto_loc"]))
+
+
+def test_get_epsilon_follows_the_noise():
+    svi = make_svi()
+    eps = svi.get_epsilon(1e-5, 0.1, num_iter=100, sampler="poisson")
+    assert eps == pytest.approx(accounting.compute_epsilon(1.0, 0.1, 100, 1e-5, sampler="poisson",
+                                                           noise="discrete"))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(noise="laplace"), "noise"),
+    (dict(gradient_strategy="ghost"), "gradient_strategy"),
+    (dict(gradient_strategy="vmap"), "gradient_strategy"),
+    (dict(gradient_strategy="chunked"), "gradient_strategy"),
+    (dict(dp_scale=0.0), "dp_scale"),
+])
+def test_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_svi(**kwargs)
+
+
+def test_padded_batch_and_empty_batch_are_pure_noise():
+    svi = make_svi()
+    state = svi.init(d3p.random.PRNGKey(0), XS[:20])
+    _, grad_masked, _ = svi._noisy_gradient(state, (XS[:20],), {}, jnp.zeros(20, bool), 20, False)
+    _, grad_other, _ = svi._noisy_gradient(state, (XS[20:40] + 100.0,), {}, jnp.zeros(20, bool), 20, False)
+    for a, b in zip(jax.tree.leaves(grad_masked), jax.tree.leaves(grad_other)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert np.all(np.isfinite(np.asarray(a)))
