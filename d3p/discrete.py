@@ -46,7 +46,7 @@ least ``(1 + η)·min_resolution`` grid steps per ``C``.
 
 import math
 from dataclasses import dataclass
-from typing import Tuple
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -105,6 +105,15 @@ def _log2_variance(sigma_t: float) -> int:
     return k
 
 
+def _largest_bound(k: int, sigma: float) -> float:
+    """The largest float ``T`` with ``σ T <= 2**(k/2)`` exactly (compared in
+    rationals, squared), so that the noise is at least σ times the bound."""
+    bound = 2.0 ** (k / 2) / sigma
+    while (Fraction(bound) * Fraction(sigma)) ** 2 > 2 ** k:
+        bound = math.nextafter(bound, 0.0)
+    return bound
+
+
 def discrete_plan(dp_scale: float, clipping_threshold: float, num_params: int, *,
                   inflation: float = 0.01, min_resolution: int = 256) -> DiscretePlan:
     """The grid, the norm bound and the noise of the discrete mechanism.
@@ -135,7 +144,7 @@ def discrete_plan(dp_scale: float, clipping_threshold: float, num_params: int, *
             f"for the exact discrete sampler, got dp_scale={dp_scale!r} and num_params={num_params!r}; "
             "use noise='gaussian' or a larger inflation."
         )
-    bound = 2.0 ** (k / 2) / sigma
+    bound = _largest_bound(k, sigma)
     return DiscretePlan(sigma, c, d, (1 + eta) * c / bound, bound, k, eta)
 
 
@@ -220,7 +229,9 @@ def clipped_integer_sum(loss_fn, params, records, mask, plan: DiscretePlan, *,
     one fixed function of the record, and the sum of integers is exact, so
     the sum over a batch is exactly the sum of those functions (batched
     per-record computations may round differently at different positions,
-    which could move another record's rounding by a grid step).
+    which could move another record's rounding by a grid step). This rests on
+    the compiler running one copy of the loop body for every record (the scan
+    is not unrolled, ``unroll=1``).
 
     :param loss_fn: ``loss_fn(params, record) -> scalar`` for one record.
     :param params: the parameters to differentiate.
@@ -255,7 +266,7 @@ def clipped_integer_sum(loss_fn, params, records, mask, plan: DiscretePlan, *,
         return jax.tree.map(jnp.add, acc, s), (loss, norm)
 
     zero = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.int32), params)
-    total, (losses, norms) = lax.scan(one_record, zero, (records, mask))
+    total, (losses, norms) = lax.scan(one_record, zero, (records, mask), unroll=1)
     return gradients.ClippedSum(total, losses, norms)
 
 

@@ -16,7 +16,6 @@ import pytest
 from scipy import stats
 
 import d3p.random
-from d3p import discrete
 from d3p.discrete import add_discrete_gaussian_noise, clipped_integer_sum, discrete_plan
 
 

@@ -1,7 +1,5 @@
 """DPSVI with noise="discrete": the step, its checks and its accounting."""
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
