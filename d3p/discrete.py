@@ -159,7 +159,7 @@ def _exactly_within(r, bound: float) -> jax.Array:
     norm at most ``bound``, decided in int32 arithmetic where that is exact
     (every entry at most ``m`` in magnitude with ``n m² < 2**30`` for ``n``
     entries); False where it is not."""
-    limit_sq = math.floor(bound * bound)
+    limit_sq = math.floor(Fraction(bound) ** 2)   # exact, not the rounded square
     n = sum(int(np.prod(x.shape[1:], dtype=np.int64)) for x in r)
     if limit_sq >= 2 ** 31 - 1 or n >= 2 ** 30:
         return jnp.zeros((r[0].shape[0],), bool)
