@@ -46,13 +46,16 @@ unfinished lane: it first moves on the lanes whose event ended in the previous
 step, then spends the word on the lane's current event: ``U`` and ``B`` (for
 ``k <= 30`` also the bits of ``A_1``); up to five trials of an ``exp(-1)``
 event; or one trial's bits or digit of an event with ``x < 1`` (both in one
-word where ``x`` has at most 20 bits). The loop ends when every lane is
-``DONE``; a finished lane keeps its value.
+word where ``x`` has at most 20 bits). A finished lane keeps its value. Once
+at most an eighth of the lanes still run (and they are at least 1024), they
+are gathered into an array of that size with a key of their own and finished
+there, recursively (``_finish``): every step of a lane still spends a word
+that no other step uses, so the law is unchanged.
 
-**Cost.** A lane needs 7.4 (``k <= 30``) to 10.5 steps on average, but the loop
-runs until the slowest of all lanes is done: about 70 to 130 iterations for
-``10**6`` values, each a word and a step for every lane, finished or not.
-Several candidates per lane and step (the first accepted of ``R``, in a fixed
+**Cost.** A lane needs 7.4 (``k <= 30``) to 10.5 steps on average, but a loop
+runs until the slowest of its lanes is done: about 70 to 130 iterations for
+``10**6`` values in all, most of them on the gathered few. Several candidates
+per lane and step (the first accepted of ``R``, in a fixed
 order, keeps the law exact) would not pay: measured, they cut the iterations
 by a factor of about ``R`` at best, for ``R`` times the work of a step.
 
@@ -382,13 +385,14 @@ def _step(lanes: _Lanes, word: jax.Array, scale: _Scale, stop: tuple) -> _Lanes:
     return jax.tree.map(lambda old, now: jnp.where(frozen, old, now), lanes, moved)
 
 
-def _run(key, lanes: _Lanes, scale: _Scale, rng_suite, stop: tuple = ()):
-    """Step all lanes until every one is ``_DONE`` or in a phase of ``stop``;
-    returns the lanes and the number of iterations (one word per lane each)."""
+def _run(key, lanes: _Lanes, scale: _Scale, rng_suite, stop: tuple = (), limit: int = 0):
+    """Step all lanes until at most ``limit`` of them are not ``_DONE`` (nor in
+    a phase of ``stop``); returns the lanes and the number of iterations (one
+    word per lane each)."""
     n = lanes.y.shape[0]
 
     def running(carry):
-        return ~jnp.all(_stopped(_settle(carry[1], scale).phase, stop))
+        return jnp.sum(~_stopped(_settle(carry[1], scale).phase, stop)) > limit
 
     def advance(carry):
         iteration, state = carry
@@ -399,11 +403,45 @@ def _run(key, lanes: _Lanes, scale: _Scale, rng_suite, stop: tuple = ()):
     return _settle(lanes, scale), iterations
 
 
+#: Lanes are compacted once at most 1/_SHRINK of them are still running ...
+_SHRINK = 8
+#: ... while that many are at least this many lanes.
+_MIN_COMPACT = 1024
+#: The words of compaction level j >= 1 come from fold_in(fold_in(key, _LEVELS), j):
+#: the first level's words use fold_in(key, i) for iterations i < 2**32 - 1.
+_LEVELS = 2**32 - 1
+
+
+def _finish(key, lanes: _Lanes, scale: _Scale, rng_suite, level: int):
+    """Run ``lanes`` to the end; ``(y, iterations)``.
+
+    Once at most ``1/_SHRINK`` of the lanes still run, those are gathered into
+    an array of that size and finished there (recursively), so that the long
+    tail of the slowest lanes no longer steps every lane. The law is unchanged:
+    whatever array a lane sits in, each of its steps draws a word used by no
+    other step (each level has its own key), so every lane's steps still see
+    fresh independent uniform words, and the lanes stay independent.
+    """
+    n = lanes.y.shape[0]
+    key_j = key if level == 0 else rng_suite.fold_in(rng_suite.fold_in(key, _LEVELS), level)
+    sub = n // _SHRINK
+    if sub < _MIN_COMPACT:
+        lanes, iterations = _run(key_j, lanes, scale, rng_suite)
+        return lanes.y, iterations
+    lanes, iterations = _run(key_j, lanes, scale, rng_suite, limit=sub)
+    # the running lanes (at most `sub`), padded with lane n: a finished one
+    idx = jnp.nonzero(lanes.phase != _DONE, size=sub, fill_value=n)[0]
+    done = _Lanes(*(jnp.full((1,), v, a.dtype) for v, a in zip((_DONE, 1, 0, 0, 0), lanes)))
+    padded = _Lanes(*(jnp.concatenate([a, b]) for a, b in zip(lanes, done)))
+    y_sub, more = _finish(key, _Lanes(*(a[idx] for a in padded)), scale, rng_suite, level + 1)
+    return lanes.y.at[idx].set(y_sub, mode="drop"), iterations + more
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _sample(key, n: int, scale: _Scale, rng_suite):
-    """``n`` samples (int32) and the number of iterations it took."""
-    lanes, iterations = _run(key, _initial_lanes(n), scale, rng_suite)
-    return lanes.y, iterations
+    """``n`` samples (int32) and the number of iterations it took (summed over
+    the compaction levels)."""
+    return _finish(key, _initial_lanes(n), scale, rng_suite, 0)
 
 
 # ---------------------------------------------------------------------------
