@@ -507,10 +507,9 @@ def _sum_depth(B: int, chunk: int, rows: int = 1) -> int:
     return chunk * rows + -(-B // chunk)
 
 
-def _in_chunks(chunk_fn, params, records, mask, chunk, zero=None):
+def _in_chunks(chunk_fn, params, records, mask, chunk):
     """Run ``chunk_fn(records, mask) -> (sum, losses, norms)`` over chunks of
-    ``chunk`` records under ``lax.scan`` and add up the sums (starting from
-    ``zero``, by default zeros shaped like ``params``)."""
+    ``chunk`` records under ``lax.scan`` and add up the sums."""
     B = mask.shape[0]
     chunk = max(1, min(int(chunk), B))
     if chunk >= B:
@@ -525,8 +524,7 @@ def _in_chunks(chunk_fn, params, records, mask, chunk, zero=None):
 
     chunked_records = jax.tree.map(pad_and_split, records)
     chunked_mask = pad_and_split(mask)  # padding is False
-    if zero is None:
-        zero = jax.tree.map(jnp.zeros_like, params)
+    zero = jax.tree.map(jnp.zeros_like, params)
 
     def body(acc, xs):
         recs, m = xs
