@@ -24,7 +24,7 @@ from numpyro.infer.svi import SVI
 from numpyro.optim import Minimize
 
 import d3p.random
-from d3p import _validate, discrete, gradients
+from d3p import _validate, accounting, discrete, gradients
 from d3p.gradients import add_gaussian_noise, clipped_grad_sum
 from d3p.random import _threefry
 
@@ -153,12 +153,9 @@ def _privacy_settings(clipping_threshold, dp_scale):
     return C, s
 
 
-NOISE_MECHANISMS = ("gaussian", "discrete")
-
-
 def _noise_setting(noise, dp_scale: float, clipping_threshold: float, strategy: str) -> str:
     """The validated ``noise`` argument of :class:`DPSVI`."""
-    noise = _validate.choice("noise", noise, NOISE_MECHANISMS)
+    noise = accounting._noise(noise)   # the one list of mechanisms
     if noise == "discrete":
         if dp_scale == 0 or math.isinf(clipping_threshold):
             raise ValueError(
@@ -874,7 +871,7 @@ class DPSVI(SVI):
     def _run_plan(self, N, num_steps, batch_size, q, sampling, max_batch_size, target_delta, accountant,
                   relation) -> "_RunPlan":
         """:meth:`run`'s sampler and its accounting, from run's arguments."""
-        from d3p import accounting, minibatch
+        from d3p import minibatch
 
         if N < 1:
             raise ValueError("Expected a non-empty data set, got 0 records.")
@@ -923,8 +920,6 @@ def _method_accounting(sampler, relation, noise="gaussian"):
     """The accounting of :meth:`DPSVI.get_epsilon`/:meth:`DPSVI.get_delta`:
     with neither argument, fixed-size batches under substitute (d3p 0.2's
     meaning, and the most conservative accounting)."""
-    from d3p import accounting
-
     if sampler is None and relation is None:
         sampler = "fixed_size"
     return accounting.accounting_for(sampler, relation, noise)
