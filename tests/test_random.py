@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 import d3p.random
 import d3p.random.debug
-from d3p.random import chacha
+from d3p.random import _keystream, chacha
 from d3p.random.chacha import chacha20_block
 
 # ---------------------------------------------------------------------------
@@ -616,7 +616,7 @@ import warnings
 import jax, jax.numpy as jnp, numpy as np
 from scipy import stats
 import d3p.random, d3p.random.debug
-from d3p.random import chacha
+from d3p.random import _keystream, chacha
 
 assert jax.config.jax_enable_x64
 with warnings.catch_warnings():
@@ -693,28 +693,34 @@ def test_suites_share_one_list_of_names():
 
 
 def test_keystream_in_tiles_is_the_keystream(monkeypatch):
-    # on CPU, long keystreams are generated in tiles of blocks (lax.map); the
-    # words must be the RFC 8439 keystream all the same, across tile borders
+    # on CPU without OpenSSL's ChaCha20, long keystreams are generated in tiles
+    # of blocks (lax.map); the words must be the RFC 8439 keystream all the
+    # same, across tile borders
+    monkeypatch.setattr(_keystream, "host_cipher_available", lambda: False)
     key = np.arange(8, dtype=np.uint32) * np.uint32(0x01010101)
-    num_words = (2 * chacha._TILE_BLOCKS + 5) * 16 + 3  # above the threshold, uneven tiles
+    num_words = (2 * _keystream._TILE_BLOCKS + 5) * 16 + 3  # above the threshold, uneven tiles
     tiled = np.asarray(jax.jit(lambda k: chacha._keystream_words(k, num_words))(jnp.asarray(key)))
     np.testing.assert_array_equal(tiled, _reference_words(key, 0, (0, 0, 0), num_words))
-    monkeypatch.setattr(chacha, "_TILE_BLOCKS", num_words)  # all blocks at once
+    monkeypatch.setattr(_keystream, "_TILE_BLOCKS", num_words)  # all blocks at once
     whole = np.asarray(jax.jit(lambda k: chacha._keystream_words(k, num_words))(jnp.asarray(key)))
     np.testing.assert_array_equal(whole, tiled)
 
 
 @pytest.mark.float32
-def test_normal_in_tiles_is_the_documented_function_of_the_keystream():
-    # long float32 draws on CPU come from a loop over tiles of blocks with the
-    # transform inside; they must be the same function of the same keystream words
+@pytest.mark.parametrize("host", [True, False])
+def test_normal_on_cpu_is_the_documented_function_of_the_keystream(monkeypatch, host):
+    # long float32 draws on CPU come from OpenSSL's keystream, or without it
+    # from a loop over tiles of blocks with the transform inside; either way
+    # they must be the same function of the same keystream words
+    if not host:
+        monkeypatch.setattr(_keystream, "host_cipher_available", lambda: False)
     key = np.arange(8, dtype=np.uint32) * np.uint32(0x01010101) + np.uint32(7)
-    size = (2 * chacha._TILE_BLOCKS + 5) * 8 + 3  # above the threshold, uneven tiles
+    size = (2 * _keystream._TILE_BLOCKS + 5) * 8 + 3  # above the threshold, uneven tiles
     z = np.asarray(jax.jit(lambda k: d3p.random.normal(k, (size,)))(jnp.asarray(key)))
     words = jnp.asarray(_reference_words(key, 0, (0, 0, 0), 2 * size))
     expected = np.asarray(jax.jit(chacha._normal_f32)(words[0::2], words[1::2]))
     np.testing.assert_array_equal(z, expected)
-    # and the same as the untiled computation (all blocks at once)
+    # and the same as the looped keystream of all blocks at once
     small = np.asarray(jax.jit(lambda k: d3p.random.normal(k, (1000,)))(jnp.asarray(key)))
     np.testing.assert_array_equal(small, z[:1000])
     # a few blocks (2 to 8) go one block per loop step; same words, same function

@@ -2,7 +2,11 @@
 
 The cipher is written with plain 32-bit integer operations (add, xor,
 rotate), so it runs under ``jit``/``vmap``/``grad``-free code on every JAX
-backend without custom operations.
+backend without custom operations. Each platform gets its own program for
+it, chosen when the program is lowered: straight-line code without loops on
+GPUs and other accelerators, looped rounds on CPU, where long keystreams
+(the noise of a large model) come from OpenSSL's implementation of the same
+cipher, bit for bit the same words (see :mod:`d3p.random._keystream`).
 
 A key of this suite is a ``uint32`` array of shape ``(8,)``: a 256-bit ChaCha20
 key. Every output is ChaCha20's keystream for that key under a nonce that
@@ -23,6 +27,7 @@ keystream block; with ChaCha20 as a pseudo-random function these are
 independent uniform keys for distinct (purpose, index) pairs.
 """
 
+import functools
 import os
 from typing import Optional, Sequence, Union
 
@@ -32,80 +37,23 @@ import numpy as np
 from jax import lax
 from jax.scipy.special import ndtri
 
-from d3p.random._common import SUITE_API, float_dtype, mulhi_u32, rotl_u32
+from d3p.random import _keystream
+from d3p.random._common import SUITE_API, float_dtype, mulhi_u32
 
 __all__ = [*SUITE_API, "chacha20_block"]
 
 #: Type of a key of this suite: a ``uint32`` array of shape ``(8,)``.
 PRNGState = jax.Array
 
-_KEY_WORDS = 8
-_CONSTANTS = np.array([0x61707865, 0x3320646E, 0x79622D32, 0x6B206574], dtype=np.uint32)
+_KEY_WORDS = _keystream.KEY_WORDS
 
-_NONCE_BITS = 0
+_NONCE_BITS = _keystream.NONCE_BITS
 _NONCE_SPLIT = 1
 _NONCE_FOLD_IN = 2
 _NONCE_JAX_KEY = 3
 
-
-def _quarter_round(s, a, b, c, d):
-    s[a] = s[a] + s[b]
-    s[d] = rotl_u32(s[d] ^ s[a], 16)
-    s[c] = s[c] + s[d]
-    s[b] = rotl_u32(s[b] ^ s[c], 12)
-    s[a] = s[a] + s[b]
-    s[d] = rotl_u32(s[d] ^ s[a], 8)
-    s[c] = s[c] + s[d]
-    s[b] = rotl_u32(s[b] ^ s[c], 7)
-
-
-def _double_round(_, state):
-    s = list(state)
-    _quarter_round(s, 0, 4, 8, 12)
-    _quarter_round(s, 1, 5, 9, 13)
-    _quarter_round(s, 2, 6, 10, 14)
-    _quarter_round(s, 3, 7, 11, 15)
-    _quarter_round(s, 0, 5, 10, 15)
-    _quarter_round(s, 1, 6, 11, 12)
-    _quarter_round(s, 2, 7, 8, 13)
-    _quarter_round(s, 3, 4, 9, 14)
-    return tuple(s)
-
-
-# up to this many blocks, chacha20_block computes one block at a time on CPU
-_SMALL_BLOCKS = 8
-
-
-def chacha20_block(key: jax.Array, counter: jax.Array, nonce: Sequence) -> jax.Array:
-    """The ChaCha20 block function of RFC 8439, section 2.3.
-
-    :param jax.Array key: ``uint32[8]``, the 256-bit key as little-endian words.
-    :param jax.Array counter: ``uint32`` array of block counters (any shape ``S``).
-    :param nonce: three ``uint32`` words (scalars or arrays broadcastable to ``S``).
-    :return: ``uint32`` array of shape ``S + (16,)``: the serialised keystream
-        blocks as little-endian words.
-    """
-    key = jnp.asarray(key, dtype=jnp.uint32)
-    counter = jnp.asarray(counter, dtype=jnp.uint32)
-    nonce = [jnp.asarray(n, dtype=jnp.uint32) for n in nonce]
-    shape = jnp.broadcast_shapes(counter.shape, *(n.shape for n in nonce))
-    size = int(np.prod(shape, dtype=np.int64))
-    if 1 < size <= _SMALL_BLOCKS and jax.default_backend() == "cpu":
-        # On CPU, XLA compiles a loop over single blocks (scalar state) into
-        # one call, where it runs the vectorised rounds as one kernel per step
-        # of each round: for a few blocks (key derivation, short draws) the
-        # loop takes half the time. Same output.
-        flat = [jnp.broadcast_to(x, shape).reshape(-1) for x in [counter] + nonce]
-        blocks = lax.map(lambda xs: chacha20_block(key, xs[0], xs[1:]), flat)
-        return blocks.reshape(shape + (16,))
-    init = (
-        [jnp.broadcast_to(jnp.uint32(c), shape) for c in _CONSTANTS]
-        + [jnp.broadcast_to(key[i], shape) for i in range(_KEY_WORDS)]
-        + [jnp.broadcast_to(counter, shape)]
-        + [jnp.broadcast_to(n, shape) for n in nonce]
-    )
-    out = lax.fori_loop(0, 10, _double_round, tuple(init))
-    return jnp.stack([o + i for o, i in zip(out, init)], axis=-1)
+chacha20_block = _keystream.chacha20_block
+_keystream_words = _keystream.keystream_words
 
 
 def _check_key(key) -> jax.Array:
@@ -194,32 +142,6 @@ def fold_in(key: PRNGState, data: jax.typing.ArrayLike) -> PRNGState:
         raise TypeError(f"Expected integer data, got dtype {data.dtype}.")
     block = chacha20_block(key, jnp.uint32(0), (_NONCE_FOLD_IN, data.astype(jnp.uint32), 0))
     return block[..., :_KEY_WORDS]
-
-
-# On CPU the block function is limited by memory traffic: each step of a
-# round is a pass over 16 state arrays of one word per block. Generated in
-# tiles of this many blocks (16 x 4 KiB x 4 = 256 KiB of state), the state
-# stays in the cache (1.5 to 2.2 times faster for 86,000 blocks here). The
-# keystream is the same either way; other backends take all blocks at once.
-_TILE_BLOCKS = 4096
-
-
-def _tile_counters(num_blocks: int) -> jax.Array:
-    """Block counters 0, 1, ... in equal tiles of at most _TILE_BLOCKS, shape
-    (tiles, tile); the last tile may run past num_blocks."""
-    num_tiles = -(-num_blocks // _TILE_BLOCKS)
-    tile = -(-num_blocks // num_tiles)
-    return jnp.arange(num_tiles * tile, dtype=jnp.uint32).reshape(num_tiles, tile)
-
-
-def _keystream_words(key: jax.Array, num_words: int) -> jax.Array:
-    num_blocks = -(-num_words // 16)
-    nonce = (_NONCE_BITS, 0, 0)
-    if num_blocks <= 2 * _TILE_BLOCKS or jax.default_backend() != "cpu":
-        blocks = chacha20_block(key, jnp.arange(num_blocks, dtype=jnp.uint32), nonce)
-    else:
-        blocks = lax.map(lambda c: chacha20_block(key, c, nonce), _tile_counters(num_blocks))
-    return blocks.reshape(-1)[:num_words]
 
 
 def _canonical_shape(shape) -> tuple:
@@ -388,39 +310,47 @@ def normal(key: PRNGState, shape: Sequence[int] = (), dtype=None) -> jax.Array:
     shape = _canonical_shape(shape)
     size = int(np.prod(shape, dtype=np.int64))
     key = _check_key(key)
-    num_blocks = -(-size // 8)  # 8 normals per block of 16 words
-    on_cpu = jax.default_backend() == "cpu"
-    if out_dtype != jnp.float64 and num_blocks > 2 * _TILE_BLOCKS and on_cpu:
-        # The same samples, from the keystream in tiles (see _keystream_words)
-        # with the transform in the same loop. Besides keeping the tile in the
-        # cache, the loop materialises the samples once: XLA would otherwise
-        # fuse the transform into every consumer (e.g. into each of the
-        # optimizer's updates of each parameter leaf) and compute it repeatedly.
-        def tile_normals(c):
-            blocks = chacha20_block(key, c, (_NONCE_BITS, 0, 0))
-            return _normal_f32(blocks[:, 0::2], blocks[:, 1::2])
-
-        z = lax.map(tile_normals, _tile_counters(num_blocks)).reshape(-1)[:size]
-        return z.astype(out_dtype).reshape(shape)
-    words = _keystream_words(key, max(2 * size, 1))[: 2 * size]
     if out_dtype == jnp.float64:
+        words = _keystream_words(key, max(2 * size, 1))[: 2 * size]
         hi, lo = words[0::2], words[1::2]
         dtype = jnp.dtype(jnp.float64)
         # p = (h + (lo + 0.5) / 2**32) / 2**31, in (0, 1)
         p = ((hi >> np.uint32(1)).astype(dtype) + (lo.astype(dtype) + 0.5) * 2.0**-32) * 2.0**-31
         magnitude = -ndtri(p * 0.5)
         z = jnp.where((hi & np.uint32(1)) == 1, -magnitude, magnitude)
-    elif 1 < num_blocks <= _SMALL_BLOCKS and on_cpu:
+    else:
+        # narrower floats (float16, bfloat16) cannot hold p: they are computed in float32
+        z = _keystream.per_platform(
+            functools.partial(_normal_f32_cpu, size=size), functools.partial(_normal_f32_of_keystream, size=size), key
+        )
+    return z.astype(out_dtype).reshape(shape)
+
+
+def _normal_f32_of_keystream(key, size: int) -> jax.Array:
+    """``size`` float32 normals, the transform of the keystream's word pairs."""
+    words = _keystream_words(key, max(2 * size, 1))[: 2 * size]
+    return _normal_f32(words[0::2], words[1::2])
+
+
+def _normal_f32_cpu(key, size: int) -> jax.Array:
+    """:func:`_normal_f32_of_keystream` as computed on CPU: the same function of
+    the same words, arranged for XLA:CPU."""
+    num_blocks = -(-size // 8)  # 8 normals per block of 16 words
+    if num_blocks > 2 * _keystream._TILE_BLOCKS and not _keystream.host_cipher_available():
+        # keystream tiles with the transform in the same loop: besides keeping
+        # the tile in the cache, the loop materialises the samples once (XLA
+        # would otherwise fuse the transform into every consumer)
+        z = _keystream.keystream_in_tiles(key, num_blocks, lambda b: _normal_f32(b[:, 0::2], b[:, 1::2]))
+        return z.reshape(-1)[:size]
+    if 1 < num_blocks <= _keystream._SMALL_BLOCKS:
         # A few blocks (the noise of a small model): the transform runs one
         # block of words per loop step. As one operation on a few dozen
         # samples, XLA ran it on its thread pool, whose hand-over (20-30 us on
         # two cores) cost more than the rest of the draw. Same function.
+        words = _keystream_words(key, 2 * size)
         padded = jnp.pad(words, (0, 16 * num_blocks - 2 * size)).reshape(num_blocks, 16)
-        z = lax.map(lambda w: _normal_f32(w[0::2], w[1::2]), padded).reshape(-1)[:size]
-    else:
-        # narrower floats (float16, bfloat16) cannot hold p: they are computed in float32
-        z = _normal_f32(words[0::2], words[1::2])
-    return z.astype(out_dtype).reshape(shape)
+        return lax.map(lambda w: _normal_f32(w[0::2], w[1::2]), padded).reshape(-1)[:size]
+    return _normal_f32_of_keystream(key, size)
 
 
 def randint(

@@ -1,0 +1,128 @@
+"""d3p.random's per-platform programs: every branch is the same ChaCha20, and
+the program lowered for a GPU has no loop (checked without a GPU by lowering
+for CUDA on the CPU)."""
+
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from jax import lax
+
+import d3p.random
+from d3p.random import _keystream, chacha
+
+
+def _reference_words(key_words, num_words: int, counter: int = 0, nonce=(0, 0, 0)) -> np.ndarray:
+    """RFC 8439 keystream words from OpenSSL (the cryptography package)."""
+    iv = struct.pack("<I", counter) + np.asarray(nonce, dtype="<u4").tobytes()
+    key = np.asarray(key_words, dtype="<u4").tobytes()
+    data = Cipher(algorithms.ChaCha20(key, iv), mode=None).encryptor().update(bytes(4 * num_words))
+    return np.frombuffer(data, dtype="<u4").astype(np.uint32)
+
+
+_KEY = (np.arange(8, dtype=np.uint32) * np.uint32(0x9E3779B9)) ^ np.uint32(0xDEADBEEF)
+
+
+def lowered_text(fn, *args, platform: str = "cuda") -> str:
+    """StableHLO of ``jit(fn)(*args)`` lowered for ``platform`` (no device needed)."""
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def count_while(fn, *args, platform: str = "cuda") -> int:
+    return lowered_text(fn, *args, platform=platform).count("stablehlo.while")
+
+
+# ---------------------------------------------------------------------------
+# every branch computes the RFC 8439 keystream
+
+
+@pytest.mark.parametrize("num_words", [1, 17, 16 * 8, 16 * 9 + 5, 16 * _keystream.HOST_MIN_BLOCKS + 3])
+def test_straight_line_keystream_is_the_rfc_keystream(num_words):
+    # the branch that GPUs run, evaluated here on the CPU
+    fn = jax.jit(lambda k: _keystream._keystream_straight(k, num_words))
+    np.testing.assert_array_equal(np.asarray(fn(jnp.asarray(_KEY))), _reference_words(_KEY, num_words))
+
+
+def test_straight_line_block_function_with_nonce_arrays_is_the_rfc_block():
+    counters = np.array([0, 1, 7, 2**32 - 1], dtype=np.uint32)
+    nonce1 = np.array([5, 6, 7, 8], dtype=np.uint32)
+    blocks = jax.jit(lambda k, c, n: _keystream._blocks_straight(k, c, [jnp.uint32(2), n, jnp.uint32(0)]))(
+        jnp.asarray(_KEY), counters, nonce1
+    )
+    for i, (c, n) in enumerate(zip(counters, nonce1)):
+        np.testing.assert_array_equal(np.asarray(blocks[i]), _reference_words(_KEY, 16, int(c), (2, int(n), 0)))
+
+
+@pytest.mark.parametrize("num_words", [16 * _keystream.HOST_MIN_BLOCKS, 16 * _keystream.HOST_MIN_BLOCKS + 9])
+def test_host_keystream_is_the_rfc_keystream_and_the_looped_one(num_words, monkeypatch):
+    assert _keystream.host_cipher_available()
+    key = jnp.asarray(_KEY)
+    host = jax.jit(lambda k: _keystream.keystream_words(k, num_words))
+    # the CPU program takes it from the host cipher ...
+    assert "callback" in host.lower(key).as_text()
+    np.testing.assert_array_equal(np.asarray(host(key)), _reference_words(_KEY, num_words))
+    # ... and without it the looped rounds give the same words
+    monkeypatch.setattr(_keystream, "host_cipher_available", lambda: False)
+    looped = jax.jit(lambda k: _keystream.keystream_words(k, num_words))
+    assert "callback" not in looped.lower(key).as_text()
+    np.testing.assert_array_equal(np.asarray(looped(key)), np.asarray(host(key)))
+
+
+def test_host_keystream_under_vmap_scan_and_eager_is_per_key():
+    num_words = 16 * _keystream.HOST_MIN_BLOCKS + 1
+    keys = jnp.asarray(np.stack([_KEY, _KEY ^ np.uint32(1), _KEY + np.uint32(3)]))
+    expected = np.stack([_reference_words(np.asarray(k), num_words) for k in keys])
+    vmapped = jax.jit(jax.vmap(lambda k: _keystream.keystream_words(k, num_words)))(keys)
+    np.testing.assert_array_equal(np.asarray(vmapped), expected)
+    _, scanned = lax.scan(lambda c, k: (c, _keystream.keystream_words(k, num_words)), 0, keys)
+    np.testing.assert_array_equal(np.asarray(scanned), expected)
+    np.testing.assert_array_equal(np.asarray(_keystream.keystream_words(keys[1], num_words)), expected[1])
+
+
+@pytest.mark.float32
+def test_normal_of_every_platform_is_the_same_function_of_the_keystream():
+    size = 8 * _keystream.HOST_MIN_BLOCKS + 5
+    key = jnp.asarray(_KEY)
+    words = jnp.asarray(_reference_words(_KEY, 2 * size))
+    expected = np.asarray(jax.jit(chacha._normal_f32)(words[0::2], words[1::2]))
+    cpu = jax.jit(lambda k: d3p.random.normal(k, (size,)))
+    assert "callback" in cpu.lower(key).as_text()
+    np.testing.assert_array_equal(np.asarray(cpu(key)), expected)
+    # the GPU branch: the transform of the straight-line keystream
+    other = jax.jit(lambda k: chacha._normal_f32_of_keystream(k, size))
+    np.testing.assert_array_equal(np.asarray(other(key)), expected)
+
+
+# ---------------------------------------------------------------------------
+# lowered for CUDA: straight-line code, no loop and no host call
+
+
+_CALLS = {
+    "normal, 688,884 values (the VAE's noise)": lambda k: d3p.random.normal(k, (688884,)),
+    "normal, 60 values": lambda k: d3p.random.normal(k, (60,)),
+    "normal, 5 values": lambda k: d3p.random.normal(k, (5,)),
+    "uniform": lambda k: d3p.random.uniform(k, (1000,)),
+    "randint": lambda k: d3p.random.randint(k, (100,), 0, 7),
+    "random_bits": lambda k: d3p.random.random_bits(k, 32, (100000,)),
+    "split": lambda k: d3p.random.split(k, 3),
+    "fold_in": lambda k: d3p.random.fold_in(k, 5),
+    "convert_to_jax_rng_key": lambda k: d3p.random.convert_to_jax_rng_key(k),
+}
+
+
+@pytest.mark.parametrize("name", list(_CALLS))
+def test_lowered_for_cuda_the_suite_has_no_loop_and_no_host_call(name):
+    text = lowered_text(_CALLS[name], jnp.asarray(_KEY))
+    assert text.count("stablehlo.while") == 0
+    assert "callback" not in text
+
+
+def test_cpu_lowering_keeps_the_cpu_programs():
+    # the check above has power: on CPU the same calls do loop (the rounds
+    # are a fori_loop there) and the VAE's noise goes through the host cipher
+    key = jnp.asarray(_KEY)
+    assert count_while(_CALLS["split"], key, platform="cpu") >= 1
+    assert "callback" in lowered_text(_CALLS["normal, 688,884 values (the VAE's noise)"], key, platform="cpu")
