@@ -558,12 +558,18 @@ class StrategyChoice(NamedTuple):
     - **reason** - why, in words.
     - **ghost_params** - number of parameter entries whose per-record norm
       comes from ghost norms (0 unless ``strategy == "ghost"``).
+    - **elsewhere** - where ``"auto"``'s rule differs between CPUs and other
+      platforms: the choice for platforms other than CPU (this choice is then
+      the CPU's), both compiled into the program and selected when it is
+      lowered (``jax.lax.platform_dependent``); None where one choice holds
+      everywhere.
     """
 
     strategy: str
     chunk_size: Optional[int]
     reason: str
     ghost_params: int = 0
+    elsewhere: Optional["StrategyChoice"] = None
 
 
 class _Sizes(NamedTuple):
@@ -661,21 +667,32 @@ def _exact_choice(plan, why_not: str, sizes: _Sizes) -> StrategyChoice:
     of the rule in :func:`choose_strategy`)."""
     if sizes.fixed_chunk is not None:
         return StrategyChoice("chunked", sizes.fixed_chunk, f"chunk_size given ({why_not})")
+    if sizes.B * sizes.per_record <= sizes.budget:
+        general = StrategyChoice("vmap", None, f"{sizes.B} per-record gradients fit the budget ({why_not})")
+    else:
+        chunk = _budget_chunk(sizes.per_record, sizes.budget, sizes.B)
+        general = StrategyChoice(
+            "chunked", None if chunk >= sizes.B else chunk,
+            f"{sizes.B} per-record gradients exceed the memory budget ({why_not})",
+        )
     # entries whose per-record gradients are outer products (all, if unknown)
     outer = sizes.P if plan is None else plan[0].outer_residual_size
-    if jax.default_backend() == "cpu" and outer > _CPU_OUTER_MAX_PARAMS:
+    if outer > _CPU_OUTER_MAX_PARAMS and general.chunk_size != 1:
         return StrategyChoice(
             "chunked", 1,
-            f"{outer} parameter entries with outer-product per-record gradients, which are "
+            f"on CPU: {outer} parameter entries with outer-product per-record gradients, which are "
             f"slow to batch on CPU ({why_not})",
+            elsewhere=general,
         )
-    if sizes.B * sizes.per_record <= sizes.budget:
-        return StrategyChoice("vmap", None, f"{sizes.B} per-record gradients fit the budget ({why_not})")
-    chunk = _budget_chunk(sizes.per_record, sizes.budget, sizes.B)
-    return StrategyChoice(
-        "chunked", None if chunk >= sizes.B else chunk,
-        f"{sizes.B} per-record gradients exceed the memory budget ({why_not})",
-    )
+    return general
+
+
+def choice_on_default_backend(choice: StrategyChoice) -> StrategyChoice:
+    """The part of ``choice`` that runs on JAX's default backend (for reports;
+    the program itself selects its part when it is lowered)."""
+    if choice.elsewhere is None or jax.default_backend() == "cpu":
+        return choice._replace(elsewhere=None)
+    return choice.elsewhere
 
 
 def _check_strategy_args(strategy, chunk_size, forward_mode, memory_budget_bytes):
@@ -731,8 +748,14 @@ def choose_strategy(
        entries have outer-product per-record gradients (a parameter-only
        operand of a product with per-record data), which XLA batches slowly
        on CPU;
-    3. otherwise all records at once (``"vmap"``) if ``B`` per-record
-       gradients fit the memory budget, else chunks that fit it.
+    3. otherwise (and on other platforms) all records at once (``"vmap"``)
+       if ``B`` per-record gradients fit the memory budget, else chunks that
+       fit it.
+
+    Where rules 2 and 3 differ, both programs are traced and the one for the
+    platform is selected when the step is lowered (never from the default
+    backend at trace time): the returned choice is the CPU's, with the other
+    platforms' in its ``elsewhere`` field.
 
     Forward-mode differentiation never uses ghost norms.
 
@@ -825,9 +848,18 @@ def clipped_grad_sum(
     _report_choice(choice, B, on_choice)
     if B == 0:
         return ClippedSum(*_clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode, 0))
-    chunk = B if choice.chunk_size is None else choice.chunk_size
-    chunk_fn = _chunk_function(loss_fn, params, clipping_threshold, forward_mode, choice, plan, B, chunk)
-    return ClippedSum(*_in_chunks(chunk_fn, params, records, mask, chunk))
+    def clipped_sum(choice, params, records, mask):
+        chunk = B if choice.chunk_size is None else choice.chunk_size
+        chunk_fn = _chunk_function(loss_fn, params, clipping_threshold, forward_mode, choice, plan, B, chunk)
+        return ClippedSum(*_in_chunks(chunk_fn, params, records, mask, chunk))
+
+    if choice.elsewhere is None:
+        return clipped_sum(choice, params, records, mask)
+    return lax.platform_dependent(
+        params, records, mask,
+        cpu=lambda *a: clipped_sum(choice._replace(elsewhere=None), *a),
+        default=lambda *a: clipped_sum(choice.elsewhere, *a),
+    )
 
 
 def _check_mask(mask, B: int) -> jax.Array:

@@ -481,11 +481,34 @@ def test_auto_choice_follows_structure_backend_and_budget(monkeypatch):
     assert choose_strategy(tanh_weight_loss, w, (x, y)).strategy == "vmap"
     monkeypatch.setattr(gradients, "_CPU_OUTER_MAX_PARAMS", 4)
     choice = choose_strategy(tanh_weight_loss, w, (x, y))
-    if jax.default_backend() == "cpu":
-        assert (choice.strategy, choice.chunk_size) == ("chunked", 1)
+    # the CPU's choice, and the other platforms' beside it (selected when lowered)
+    assert (choice.strategy, choice.chunk_size) == ("chunked", 1)
+    assert (choice.elsewhere.strategy, choice.elsewhere.chunk_size) == ("vmap", None)
     # parameters used elementwise only have no outer products: still vmap
     assert choose_strategy(elementwise_loss, p2, (x, y)).strategy == "vmap"
     assert choose_strategy(mlp_loss, params, (x, y), forward_mode=True).strategy != "ghost"
+
+
+def test_auto_choice_per_platform_is_selected_when_lowered(monkeypatch):
+    # the CPU rule (one record at a time) must not leak into a program lowered
+    # for a GPU: there the records are batched, with no loop; the sum is the same
+    monkeypatch.setattr(gradients, "_CPU_OUTER_MAX_PARAMS", 4)
+    params, (x, y) = {"W": jnp.linspace(-1.0, 1.0, 15).reshape(5, 3)}, _mlp_case(5, B=10)[1]
+
+    def tanh_weight_loss(p, r):
+        return jnp.sum((r[0] @ jnp.tanh(p["W"]) - r[1][:3]) ** 2)
+
+    def total(p, recs):
+        return clipped_grad_sum(tanh_weight_loss, p, recs, None, 1.0).grad_sum
+
+    lowered = {plat: jax.jit(total).trace(params, (x, y)).lower(lowering_platforms=(plat,)).as_text()
+               for plat in ("cpu", "cuda")}
+    assert lowered["cpu"].count("stablehlo.while") >= 1
+    assert lowered["cuda"].count("stablehlo.while") == 0
+    one_at_a_time = clipped_grad_sum(tanh_weight_loss, params, (x, y), None, 1.0, strategy="scan").grad_sum
+    batched = clipped_grad_sum(tanh_weight_loss, params, (x, y), None, 1.0, strategy="vmap").grad_sum
+    np.testing.assert_allclose(_flat(jax.jit(total)(params, (x, y))), _flat(one_at_a_time), rtol=RTOL)
+    np.testing.assert_allclose(_flat(batched), _flat(one_at_a_time), rtol=RTOL)
 
 
 def test_auto_with_budget_gives_the_same_sum_and_works_under_vmap():
