@@ -108,13 +108,6 @@ def _records(args, kwargs, *, expected_size=None, what="batch"):
     return leaves, treedef, size
 
 
-def _split_records(args, kwargs, *, expected_size=None, what="batch"):
-    """:func:`_records` as ``(leaves, rebuild, size, per_record)``, with
-    ``rebuild(leaves) -> (args, kwargs)`` and ``per_record`` all True."""
-    leaves, treedef, size = _records(args, kwargs, expected_size=expected_size, what=what)
-    return leaves, functools.partial(jax.tree.unflatten, treedef), size, [True] * len(leaves)
-
-
 def _depends_on_inputs(jaxpr) -> list:
     """For each output of ``jaxpr``: whether it may depend on any input.
 

@@ -10,6 +10,8 @@ import numpy as np
 import tqdm
 from jax import lax
 
+from d3p import minibatch
+
 
 class _RunPlan(NamedTuple):
     """What :meth:`DPSVI.run` samples with and accounts for: the sampler, its
@@ -22,37 +24,75 @@ class _RunPlan(NamedTuple):
     target_delta: float
 
 
-def _batch_gatherer(sampler, rng_suite, batch_key, rebuild, per_record):
-    """``gather(data, i) -> (args, kwargs, mask)``: batch ``i`` of :meth:`DPSVI.run`,
-    the records ``sampler`` picks with ``fold_in(batch_key, i)``."""
+def _batch_gatherer(sampler, rng_suite, treedef):
+    """``gather(batch_key, data, i) -> (args, kwargs, mask, ok)``: batch ``i`` of
+    :meth:`DPSVI.run`, the records ``sampler`` picks with ``fold_in(batch_key, i)``
+    from the per-record leaves ``data`` of the arguments of structure ``treedef``.
 
-    def gather(data, i):
-        indices, mask = sampler.sample(rng_suite.fold_in(batch_key, i), rng_suite)
-        batch = [jnp.take(x, indices, axis=0) if p else None for x, p in zip(data, per_record)]
-        a, k = rebuild(batch)
-        return a, k, mask
+    ``ok`` is False if the sampler's loop reached its bound (a broken random
+    source, see :class:`d3p.minibatch.SamplingError`); the batch is then empty
+    (mask all False). The caller raises after the compiled steps: checking in
+    the step itself would cost a GPU a host round trip per step.
+    """
+
+    def gather(batch_key, data, i):
+        # jitted once per sampler and suite: the eager first batch compiles no loop again
+        indices, mask, ok = minibatch._sample_batch_jit(sampler, batch_key, i, rng_suite)
+        a, k = jax.tree.unflatten(treedef, [jnp.take(x, indices, axis=0) for x in data])
+        return a, k, mask, ok
 
     return gather
 
 
 def _compiled_chunks(update, gather, expected_batch_size, forward_mode):
-    """``run_chunk(svi_state, start, data, length) -> (svi_state, losses)``:
+    """``run_chunk(svi_state, batch_key, start, data, length) -> (svi_state, losses, ok)``:
     ``length`` steps of ``update`` from step ``start`` on, in one jitted
-    ``lax.scan`` (one compilation per ``length``)."""
+    ``lax.scan`` (one compilation per ``length`` and data shapes; the keys and
+    the data are arguments, so the compiled program serves every run); ``ok``:
+    whether every batch was drawn (see :func:`_batch_gatherer`)."""
 
-    def body_fn(svi_state, i, data):
-        a, k, mask = gather(data, i)
-        return update(
+    def body_fn(carry, batch_key, i, data):
+        svi_state, ok = carry
+        a, k, mask, batch_ok = gather(batch_key, data, i)
+        svi_state, loss = update(
             svi_state, *a, mask=mask, expected_batch_size=expected_batch_size,
             forward_mode_differentiation=forward_mode, **k,
         )
+        return (svi_state, ok & batch_ok), loss
 
-    @functools.partial(jax.jit, static_argnums=3)
-    def run_chunk(svi_state, start, data, length):
+    @functools.partial(jax.jit, static_argnums=4)
+    def run_chunk(svi_state, batch_key, start, data, length):
         steps = start + jnp.arange(length, dtype=jnp.uint32)
-        return lax.scan(lambda s, i: body_fn(s, i, data), svi_state, steps)
+        (svi_state, ok), losses = lax.scan(
+            lambda c, i: body_fn(c, batch_key, i, data), (svi_state, jnp.bool_(True)), steps)
+        return svi_state, losses, ok
 
     return run_chunk
+
+
+class _RunCache:
+    """The compiled parts of :meth:`DPSVI.run` of one DPSVI, kept between runs
+    with the same sampler, data structure and settings, so that a second run
+    starts without compiling again."""
+
+    def __init__(self):
+        self._chunks = {}
+
+    def steps(self, update, sampler, rng_suite, treedef, forward_mode):
+        """``(gather, run_chunk)`` of :func:`_batch_gatherer` and
+        :func:`_compiled_chunks` for these settings (cached)."""
+        key = (update.__name__, sampler, rng_suite, treedef, forward_mode)
+        if key not in self._chunks:
+            gather = _batch_gatherer(sampler, rng_suite, treedef)
+            self._chunks[key] = (
+                gather, _compiled_chunks(update, gather, sampler.expected_batch_size, forward_mode))
+        return self._chunks[key]
+
+
+def _require_batches(ok, sampler) -> None:
+    """Raise :class:`d3p.minibatch.SamplingError` unless every batch was drawn."""
+    if not bool(ok):
+        raise minibatch.SamplingError(minibatch._failure_message(repr(sampler)))
 
 
 def _run_with_progress_bar(run_chunk, svi_state, records, num_steps, plan):

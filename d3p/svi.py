@@ -21,6 +21,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from numpyro.handlers import seed, substitute, trace
 from numpyro.infer.svi import SVI
+from numpyro.primitives import Messenger
 from numpyro.optim import Minimize
 
 import d3p.random
@@ -36,8 +37,8 @@ from d3p._gradient_lists import (  # noqa: F401 (public, see __all__)
     get_observations_scale,
     normalize_gradient,
 )
-from d3p._records import _depends_on_inputs, _evaluate_constant_outputs, _records, _split_records
-from d3p._run import _batch_gatherer, _compiled_chunks, _run_with_progress_bar, _RunPlan
+from d3p._records import _depends_on_inputs, _evaluate_constant_outputs, _records
+from d3p._run import _require_batches, _run_with_progress_bar, _RunCache, _RunPlan
 
 __all__ = [
     "DPSVI",
@@ -197,6 +198,25 @@ def _keep_if_not_finite(old_state, new_state, loss, grad):
     ok = jnp.all(jnp.isfinite(ravel_pytree(grad)[0])) & _all_finite(new_state.optim_state)
     optim_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new_state.optim_state, old_state.optim_state)
     return new_state._replace(optim_state=optim_state), jnp.where(ok, loss, jnp.nan)
+
+
+class _BatchSubsample(Messenger):
+    """While :meth:`DPSVI.init` runs the model and guide on its batch, a
+    subsampling plate's indices are those of the batch, ``0 .. B-1``.
+
+    NumPyro would draw a random subsample of the plate's ``N`` (in ``O(N)``
+    time, compiled anew at every eager call: seconds for a large ``N``),
+    which DP-VI never uses: the batch is the data given. The site's random key
+    is still drawn, so the keys of the other sites are unchanged.
+    """
+
+    def process_message(self, msg):
+        if msg["type"] == "plate" and msg["value"] is None:
+            msg["fn"] = _batch_indices
+
+
+def _batch_indices(size, subsample_size, rng_key=None):
+    return jnp.arange(subsample_size)
 
 
 class DPSVI(SVI):
@@ -373,6 +393,8 @@ class DPSVI(SVI):
         self._optim_value = jnp.zeros(()) if getattr(self.optim, "update_with_value", False) else None
         # the public observation scale per record structure (_observation_scale)
         self._public_scales = {}
+        # run's compiled steps, reused by later runs (see d3p._run._RunCache)
+        self._run_cache = _RunCache()
         #: The :class:`d3p.gradients.StrategyChoice` of the most recent trace of
         #: this DPSVI's step (None before the first): which gradient strategy runs.
         self.strategy_choice = None
@@ -527,7 +549,8 @@ class DPSVI(SVI):
         args, kwargs = jax.tree.unflatten(treedef, records)
         rng_key, init_key = self.rng_suite.split(rng_key, 2)
         jax_init_key = self.rng_suite.convert_to_jax_rng_key(init_key)
-        state = super().init(jax_init_key, *args, init_params=init_params, **kwargs)
+        with _BatchSubsample():
+            state = super().init(jax_init_key, *args, init_params=init_params, **kwargs)
         if state.mutable_state is not None:
             raise ValueError(
                 f"The model or guide has mutable state ({sorted(state.mutable_state)}). DP-VI "
@@ -838,7 +861,9 @@ class DPSVI(SVI):
         :param bool progress_bar: show a tqdm bar (loss and ε), advanced
             after each compiled chunk of about 5% of the steps (at most 1000);
             without it all steps run in one ``lax.scan``. The result is the
-            same either way.
+            same either way. The compiled steps are kept by this DPSVI: a later
+            run with the same sampler, settings and data shapes (any key, any
+            values) starts without compiling them again.
         :param bool stable_update: use :meth:`stable_update`.
         :param bool forward_mode_differentiation: as in NumPyro.
         :param DPSVIState init_state: continue from this state (its privacy
@@ -850,22 +875,29 @@ class DPSVI(SVI):
             ``q`` and ``num_steps``. The losses are NOT private.
         """
         num_steps = _validate.integer("num_steps", num_steps, minimum=1)
-        records, rebuild, N, per_record = _split_records(args, kwargs, what="data")
+        records, treedef, N = _records(args, kwargs, what="data")
         plan = self._run_plan(N, num_steps, batch_size, q, sampling, max_batch_size, target_delta,
                               accountant, relation)
         init_key, batch_key = self.rng_suite.split(rng_key, 2)
-        gather = _batch_gatherer(plan.sampler, self.rng_suite, batch_key, rebuild, per_record)
+        update = self.stable_update if stable_update else self.update
+        gather, run_chunk = self._run_cache.steps(update, plan.sampler, self.rng_suite, treedef,
+                                                  forward_mode_differentiation)
         svi_state = init_state
         if svi_state is None:  # initialised on the first batch
-            a, k, _ = gather(records, 0)
+            a, k, _, ok = gather(batch_key, records, 0)
+            _require_batches(ok, plan.sampler)
             svi_state = self.init(init_key, *a, init_params=init_params, **k)
         self._check_state(svi_state)
-        update = self.stable_update if stable_update else self.update
-        run_chunk = _compiled_chunks(update, gather, plan.sampler.expected_batch_size, forward_mode_differentiation)
+
+        def run_steps(svi_state, start, data, length):
+            svi_state, losses, ok = run_chunk(svi_state, batch_key, start, data, length)
+            _require_batches(ok, plan.sampler)
+            return svi_state, losses
+
         if progress_bar:
-            svi_state, losses = _run_with_progress_bar(run_chunk, svi_state, records, num_steps, plan)
+            svi_state, losses = _run_with_progress_bar(run_steps, svi_state, records, num_steps, plan)
         else:
-            svi_state, losses = run_chunk(svi_state, jnp.uint32(0), records, num_steps)
+            svi_state, losses = run_steps(svi_state, jnp.uint32(0), records, num_steps)
         return self._run_result(svi_state, losses, plan, N, num_steps)
 
     def _run_plan(self, N, num_steps, batch_size, q, sampling, max_batch_size, target_delta, accountant,

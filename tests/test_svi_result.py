@@ -84,3 +84,31 @@ def test_is_a_pytree_of_the_three(run):
     assert all(getattr(doubled, name) == getattr(result, name) for name in PRIVACY_FIELDS)
     fetched = jax.device_get(result)
     assert isinstance(fetched, DPSVIRunResult) and fetched.epsilon == result.epsilon
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_a_second_run_reuses_the_compiled_steps(sampling):
+    svi = DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
+                clipping_threshold=1.0, dp_scale=2.0, N=N)
+    xs = jnp.linspace(0.0, 1.0, N)
+
+    def run(key, data, progress_bar=False):
+        return svi.run(d3p.random.PRNGKey(key), T, data, batch_size=8, sampling=sampling,
+                       target_delta=1e-4, progress_bar=progress_bar)
+
+    first = run(0, xs)
+    (entry,) = svi._run_cache._chunks.values()
+    compiled = entry[1]._cache_size()
+    # another key and other values of the same shapes: no new compilation ...
+    second = run(1, xs[::-1] * 2.0)
+    again = run(0, xs)
+    assert list(svi._run_cache._chunks.values()) == [entry]
+    assert entry[1]._cache_size() == compiled
+    # ... and the keys and data are arguments, not constants of the compiled program
+    assert not np.array_equal(np.asarray(second.losses), np.asarray(first.losses))
+    np.testing.assert_array_equal(np.asarray(again.losses), np.asarray(first.losses))
+    for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(first.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # with the bar: the same steps in chunks, the same result
+    barred = run(0, xs, progress_bar=True)
+    np.testing.assert_array_equal(np.asarray(barred.losses), np.asarray(first.losses))

@@ -1,0 +1,107 @@
+"""The private step and the samplers as GPUs get them, checked without a GPU by
+lowering for CUDA on the CPU: no loop in a DPSVI step (every loop iteration
+would cost a GPU a kernel launch and a device-to-host copy), at most one in a
+sampler, and no host call; the programs for CPU keep their CPU code."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import pytest
+from numpyro.infer import Trace_ELBO
+
+import d3p.random
+from d3p import minibatch
+from d3p._paper_models import (
+    hierarchical_logistic_regression_guide,
+    hierarchical_logistic_regression_model,
+    logistic_regression_guide,
+    logistic_regression_model,
+    make_vae,
+)
+from d3p.svi import DPSVI
+
+
+def lowered_text(fn, *args, platform: str = "cuda") -> str:
+    """StableHLO of ``jit(fn)(*args)`` lowered for ``platform`` (no device needed)."""
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def _logreg(rng, B=64):
+    xs = rng.normal(size=(B, 30)).astype(np.float32)
+    ys = (rng.random(B) < 0.5).astype(np.float32)
+    dpsvi = DPSVI(logistic_regression_model, logistic_regression_guide, numpyro.optim.Adam(1e-3), Trace_ELBO(),
+                  clipping_threshold=1.0, dp_scale=1.0, N=10_000)
+    return dpsvi, (xs, ys)
+
+
+def _hlogreg(rng, B=50):
+    xs = rng.normal(size=(B, 5)).astype(np.float32)
+    ys = (rng.random(B) < 0.5).astype(np.float32)
+    ls = rng.integers(0, 3, B)
+    gs = jnp.asarray(rng.normal(size=(3, 3)).astype(np.float32))
+    dpsvi = DPSVI(hierarchical_logistic_regression_model, hierarchical_logistic_regression_guide,
+                  numpyro.optim.Adam(1e-3), Trace_ELBO(), clipping_threshold=1.0, dp_scale=1.0, N=500, gs=gs)
+    return dpsvi, (xs, ys, ls)
+
+
+def _vae(rng, B=16):
+    model, guide = make_vae(64, 32, 4)
+    x = (rng.random((B, 64)) < 0.2).astype(np.float32)
+    dpsvi = DPSVI(model, guide, numpyro.optim.Adam(1e-3), Trace_ELBO(), clipping_threshold=1.0, dp_scale=1.0,
+                  N=1000)
+    return dpsvi, (x,)
+
+
+@pytest.mark.parametrize("make", [_logreg, _hlogreg, _vae], ids=["logreg", "hlogreg", "vae"])
+def test_lowered_for_cuda_a_dpsvi_step_has_no_loop_and_no_host_call(make):
+    dpsvi, batch = make(np.random.default_rng(0))
+    state = dpsvi.init(d3p.random.PRNGKey(0), *batch)
+    mask = jnp.arange(batch[0].shape[0]) < batch[0].shape[0] - 3
+
+    def step(state, mask, *batch):
+        return dpsvi.update(state, *batch, mask=mask)
+
+    text = lowered_text(step, state, mask, *batch)
+    assert text.count("stablehlo.while") == 0
+    assert "callback" not in text
+    # power: the CPU program of the same step does loop (ChaCha20's rounds)
+    assert lowered_text(step, state, mask, *batch, platform="cpu").count("stablehlo.while") >= 1
+
+
+def test_an_explicit_loop_strategy_keeps_its_loop_on_cuda():
+    # the check above sees loops where there are some: "scan" is one record per iteration
+    dpsvi, batch = _logreg(np.random.default_rng(1), B=8)
+    dpsvi.gradient_strategy = "scan"
+    state = dpsvi.init(d3p.random.PRNGKey(0), *batch)
+    assert lowered_text(lambda s, *b: dpsvi.update(s, *b), state, *batch).count("stablehlo.while") == 1
+
+
+@pytest.mark.parametrize("sampler", [
+    minibatch.FixedSizeSampler(1_000_000, 1024),
+    minibatch.PoissonSampler(1_000_000, 1024 / 1_000_000),
+    minibatch.FixedSizeSampler(50, 50),
+], ids=["fixed", "poisson", "fixed-all"])
+def test_lowered_for_cuda_a_sampler_has_at_most_one_loop(sampler, monkeypatch):
+    # the report of a broken random source (a host callback, reached only when
+    # a loop hits its bound) cannot be lowered for CUDA without a GPU: left out
+    monkeypatch.setattr(minibatch, "_require_in_graph", lambda ok, values, message: values)
+    key = d3p.random.PRNGKey(0)
+    text = lowered_text(lambda k: sampler.sample(k), key)
+    assert text.count("stablehlo.while") <= 1
+
+
+def test_lowered_for_cuda_a_run_chunk_loops_over_steps_and_batches_only():
+    # run's compiled chunk: the scan over steps and, inside it, the sampler's
+    # loop; a broken random source is reported after the chunk, not by a host
+    # call in every step
+    dpsvi, batch = _logreg(np.random.default_rng(2), B=500)
+    sampler = minibatch.PoissonSampler(500, 0.1)
+    records = list(batch)
+    treedef = jax.tree.structure(((0, 0), {}))
+    _, run_chunk = dpsvi._run_cache.steps(dpsvi.update, sampler, d3p.random, treedef, False)
+    state = dpsvi.init(d3p.random.PRNGKey(0), *(x[:50] for x in batch))
+    text = jax.jit(run_chunk, static_argnums=4).trace(
+        state, d3p.random.PRNGKey(1), jnp.uint32(0), records, 5).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("stablehlo.while") == 2
+    assert "callback" not in text
