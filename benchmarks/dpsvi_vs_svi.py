@@ -138,7 +138,8 @@ class Config:
         self.compiled = fn.lower(state, *batch).compile()
         self.compile_s = time.perf_counter() - t0
         # the strategy the DPSVI chose while tracing its update (DPSVI only)
-        self.chosen = update.__self__.strategy_choice if info.get("what") == "DPSVI" else None
+        choice = update.__self__.strategy_choice if info.get("what") == "DPSVI" else None
+        self.chosen = None if choice is None else gradients.choice_on_default_backend(choice)
         try:
             self.temp = int(self.compiled.memory_analysis().temp_size_in_bytes)
         except Exception:  # noqa: BLE001 - not every backend reports it

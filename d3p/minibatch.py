@@ -26,25 +26,29 @@ drawn before (earlier in the same block of draws or in an earlier block). If
 every uniform draw is kept only when new, each kept value is uniform over the
 values not yet kept, so the kept sequence is a uniform random sequence of
 distinct indices. The work is vectorised: a block of candidates is drawn at
-once, duplicates are found with one stable sort, and a ``lax.while_loop``
-draws another block in the rare case that the first did not give enough
-distinct values (the block size is chosen on the host from the expected
-number of draws, so the loop body runs once almost always). The cost is
-``O(B log B)`` and does not depend on N. With ideal random bits the result
-is exactly uniform; with :mod:`d3p.random` it is ChaCha20's keystream turned
-into that distribution, i.e. indistinguishable from it as far as ChaCha20 is a
-secure stream cipher.
+once and duplicates are found with one stable sort. Where N is well above B
+the block is large enough to hold B distinct values except with probability
+:data:`LOOP_FAILURE_PROBABILITY` (a few percent more words than B for
+``N >> B``) and is the only one: no loop, which spares a GPU a host round trip
+per batch. Where B is close to N (collecting nearly every index), a
+``lax.while_loop`` draws blocks until the sequence is complete (the block
+size chosen on the host from the expected number of draws, so the loop body
+runs once almost always). The cost is ``O(B log B)`` and does not depend on
+N. With ideal random bits the result is exactly uniform; with
+:mod:`d3p.random` it is ChaCha20's keystream turned into that distribution,
+i.e. indistinguishable from it as far as ChaCha20 is a secure stream cipher.
 
-**Every loop is bounded.** Each ``lax.while_loop`` stops after a number of
-iterations computed on the host so that, with ideal random bits, a draw
-needs more with probability at most :data:`LOOP_FAILURE_PROBABILITY`
-(``2**-64``) per batch (see :func:`_distinct_uniform_max_iterations`). A
-loop that reaches its bound has not produced a batch of the sampler's
-distribution, which in practice means a broken random source: the batch is
-then never used silently. Called with concrete values, ``sample`` and
-``get_batch`` raise :class:`SamplingError`; inside a traced computation
-(``jit``, ``vmap``, ``lax.scan``, e.g. :meth:`d3p.svi.DPSVI.run`) the
-computation fails at run time with a ``JaxRuntimeError`` carrying the same
+**Every loop is bounded.** Each ``lax.while_loop`` (and the single pass)
+stops after a number of words computed on the host so that, with ideal
+random bits, a draw needs more with probability at most
+:data:`LOOP_FAILURE_PROBABILITY` (``2**-64``) per batch (see
+:func:`_distinct_uniform_draws_bound`). A draw that reaches its bound has
+not produced a batch of the sampler's distribution, which in practice means
+a broken random source: the batch is then never used silently. Called with
+concrete values, ``sample`` and ``get_batch`` raise :class:`SamplingError`
+(so does :meth:`d3p.svi.DPSVI.run`, after its compiled steps); inside a
+traced computation (``jit``, ``vmap``, ``lax.scan``) the computation fails
+at run time with a ``JaxRuntimeError`` carrying the same
 message, and the batch it would have returned is empty (mask all False,
 every index the out-of-range value ``2**31 - 1``). Conditioned on not
 reaching the bound, the output distribution is exactly the one stated (the
@@ -277,8 +281,9 @@ def _acceptance_probability(n: int) -> float:
 
 
 @lru_cache(maxsize=256)
-def _distinct_uniform_max_iterations(num: int, num_records: int, block: int) -> int:
-    """Iteration bound of :func:`_distinct_uniform`.
+def _distinct_uniform_draws_bound(num: int, num_records: int) -> int:
+    """A number of words after which :func:`_distinct_uniform` has its ``num``
+    distinct values except with probability at most :data:`LOOP_FAILURE_PROBABILITY`.
 
     The number X of words drawn until ``num`` = s distinct accepted values
     have appeared among ``num_records`` = n is a sum of independent geometric
@@ -290,9 +295,8 @@ def _distinct_uniform_max_iterations(num: int, num_records: int, block: int) -> 
     ``P(X >= lambda mu) <= exp(-p_* mu (lambda - 1 - ln lambda))``. The bound
     is decreasing in ``mu`` at fixed ``lambda mu``, so using an upper bound of
     ``mu`` (``H_n - H_{n-s} <= ln(n / (n - s))``, or ``1 + ln n`` for
-    ``s = n``) keeps it valid. The loop has processed ``t * block`` draws
-    after ``t`` iterations; the returned ``t`` makes
-    ``P(X > t * block) <= LOOP_FAILURE_PROBABILITY``.
+    ``s = n``) keeps it valid. Returns ``ceil(lambda mu)`` for the ``lambda``
+    that makes the bound ``LOOP_FAILURE_PROBABILITY``.
     """
     n, s = num_records, num
     a = _acceptance_probability(n)
@@ -308,8 +312,23 @@ def _distinct_uniform_max_iterations(num: int, num_records: int, block: int) -> 
             hi = mid
         else:
             lo = mid
-    draws = (1.0 + hi) * mu
-    return int(math.ceil(draws / block)) + 1
+    return int(math.ceil((1.0 + hi) * mu))
+
+
+def _distinct_uniform_max_iterations(num: int, num_records: int, block: int) -> int:
+    """Iteration bound of :func:`_distinct_uniform`'s loop of ``block`` words per
+    iteration: after ``t`` iterations it has drawn ``t * block`` words, and the
+    returned ``t`` makes ``P(X > t * block) <= LOOP_FAILURE_PROBABILITY``
+    (see :func:`_distinct_uniform_draws_bound`)."""
+    return -(-_distinct_uniform_draws_bound(num, num_records) // block) + 1
+
+
+def _single_pass_draws(num: int, num_records: int) -> Optional[int]:
+    """The number of words of :func:`_distinct_uniform`'s single pass, or None
+    where one pass would cost more than about twice the loop's usual block
+    (``N`` close to ``B``), and the loop is used instead."""
+    draws = _distinct_uniform_draws_bound(num, num_records)
+    return draws if draws <= 2 * _draw_block_size(num, num_records) + 64 else None
 
 
 def _uniform_indices_max_iterations(num: int, num_records: int) -> int:
@@ -331,17 +350,24 @@ def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> Tuple[j
     ``k`` entries form a uniform k-subset for every ``k <= num``. Block ``t``
     of candidates uses the key ``rng_suite.fold_in(rng_key, t)``.
 
-    Returns ``(indices, ok)``: ``ok`` is False if the loop reached its bound
-    (:func:`_distinct_uniform_max_iterations`) first, and then ``indices`` is
-    not a valid batch.
+    Where ``N`` is well above ``num`` (:func:`_single_pass_draws`), one block
+    of candidates large enough to hold ``num`` distinct values except with
+    probability :data:`LOOP_FAILURE_PROBABILITY` is drawn, with no loop (a
+    loop costs a GPU a host round trip per iteration); otherwise blocks are
+    drawn in a ``lax.while_loop`` until the sequence is complete, at most
+    :func:`_distinct_uniform_max_iterations` times. Either way the outcome
+    is the first ``num`` distinct accepted candidates in draw order, and
+    whether it is complete depends only on which candidates coincide or are
+    rejected, an event invariant under relabelling the records, so
+    conditioned on completion the sequence is exactly uniform.
+
+    Returns ``(indices, ok)``: ``ok`` is False if the sequence is not
+    complete, and then ``indices`` is not a valid batch.
     """
-    block = _draw_block_size(num, num_records)
-    max_iterations = _distinct_uniform_max_iterations(num, num_records, block)
+    single = _single_pass_draws(num, num_records)
+    block = _draw_block_size(num, num_records) if single is None else single
 
-    def cond(state):
-        return (state[1] < num) & (state[2] < max_iterations)
-
-    def body(state):
+    def draw(state):
         found, count, t = state
         words = rng_suite.random_bits(rng_suite.fold_in(rng_key, t), 32, (block,))
         values, accepted = _uniform_below(words, num_records)
@@ -362,7 +388,15 @@ def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> Tuple[j
         return found, count, t + 1
 
     init = (jnp.full((num,), _SENTINEL, jnp.int32), jnp.int32(0), jnp.uint32(0))
-    found, count, _ = lax.while_loop(cond, body, init)
+    if single is not None:
+        found, count, _ = draw(init)
+        return found, count == num
+    max_iterations = _distinct_uniform_max_iterations(num, num_records, block)
+
+    def cond(state):
+        return (state[1] < num) & (state[2] < max_iterations)
+
+    found, count, _ = lax.while_loop(cond, draw, init)
     return found, count == num
 
 

@@ -170,6 +170,28 @@ def test_distinct_uniform_bound_has_the_stated_failure_probability(num_records, 
     assert t <= 40  # the bound costs nothing: the loop ends as soon as the batch is complete
 
 
+@pytest.mark.parametrize("num_records,num", [(10, 3), (5, 2), (17, 3), (200, 20), (1000, 10), (500, 100),
+                                             (100, 29), (2000, 400)])
+def test_single_pass_has_the_stated_failure_probability(num_records, num):
+    # where N is well above B the sampler draws one block of candidates, no loop
+    draws = minibatch._single_pass_draws(num, num_records)
+    assert draws is not None
+    assert _tail_after(num, num_records, draws) <= LOOP_FAILURE_PROBABILITY
+    # power: a block of the expected number of words fails far more often
+    a = minibatch._acceptance_probability(num_records)
+    mean = sum(num_records / (a * (num_records - j)) for j in range(num))
+    assert _tail_after(num, num_records, int(np.ceil(mean))) > 1e-3
+
+
+def test_single_pass_only_where_it_is_cheap():
+    # N close to B (coupon collecting): the loop's blocks, not one huge pass
+    for num_records, num in [(50, 50), (4, 4), (10**6, 10**6), (1000, 990)]:
+        assert minibatch._single_pass_draws(num, num_records) is None
+    # N far above B: about B words, not many more
+    draws = minibatch._single_pass_draws(1024, 10**6)
+    assert 1024 < draws < 1.4 * 1024
+
+
 @pytest.mark.parametrize("num_records,num", [(1, 1), (3, 3), (10, 10), (1000, 1000), (10**6, 10**6),
                                              (2**31 - 1, 1), (2**31 - 1, 10**5), (2**30 + 1, 2**20)])
 def test_bounds_are_small_everywhere(num_records, num):
