@@ -89,10 +89,12 @@ class _RunCache:
         return self._chunks[key]
 
 
-def _require_batches(ok, sampler) -> None:
-    """Raise :class:`d3p.minibatch.SamplingError` unless every batch was drawn."""
-    if not bool(ok):
-        raise minibatch.SamplingError(minibatch._failure_message(repr(sampler)))
+def _require_batches(ok, sampler, values):
+    """``values`` if every batch was drawn; otherwise raise
+    :class:`d3p.minibatch.SamplingError`, or, where the run itself is traced
+    (``run`` under ``jit`` or ``vmap``), make the traced computation fail at
+    run time."""
+    return minibatch._require(ok, values, minibatch._failure_message(repr(sampler)))
 
 
 def _run_with_progress_bar(run_chunk, svi_state, records, num_steps, plan):

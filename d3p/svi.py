@@ -885,14 +885,13 @@ class DPSVI(SVI):
         svi_state = init_state
         if svi_state is None:  # initialised on the first batch
             a, k, _, ok = gather(batch_key, records, 0)
-            _require_batches(ok, plan.sampler)
+            a, k = _require_batches(ok, plan.sampler, (a, k))
             svi_state = self.init(init_key, *a, init_params=init_params, **k)
         self._check_state(svi_state)
 
         def run_steps(svi_state, start, data, length):
             svi_state, losses, ok = run_chunk(svi_state, batch_key, start, data, length)
-            _require_batches(ok, plan.sampler)
-            return svi_state, losses
+            return _require_batches(ok, plan.sampler, (svi_state, losses))
 
         if progress_bar:
             svi_state, losses = _run_with_progress_bar(run_steps, svi_state, records, num_steps, plan)

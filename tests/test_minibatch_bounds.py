@@ -58,6 +58,13 @@ BROKEN_SCRIPT = textwrap.dedent(r'''
         state = svi.init(key, data[:3]) if init_state else None
         svi.run(key, 2, data, batch_size=3, sampling="fixed", progress_bar=False, init_state=state)
 
+    def run_in_jit_vmap(suite):
+        # as the examples run their seeds: the whole run under jit(vmap(...))
+        svi = DPSVI(model, AutoDelta(model), numpyro.optim.SGD(1e-3), Trace_ELBO(), clipping_threshold=1.0,
+                    dp_scale=1.0, rng_suite=suite, N=10)
+        one = lambda k: svi.run(k, 2, data, batch_size=3, sampling="fixed", progress_bar=False).losses
+        return jax.jit(jax.vmap(one))(jnp.stack([key, key]))
+
     def scan_in_vmap(sampler, suite):
         def one(k):
             step = lambda c, t: (c + sampler.sample(suite.fold_in(k, t), suite)[0].sum(), None)
@@ -87,6 +94,8 @@ BROKEN_SCRIPT = textwrap.dedent(r'''
         "poisson_get_batch": lambda: get_batch(minibatch.poisson_batchify_data(data, 0.5, rng_suite=ACCEPTED), False),
         "dpsvi_run": lambda: run(ACCEPTED, init_state=False),
         "dpsvi_run_traced": lambda: run(ACCEPTED, init_state=True),
+        "dpsvi_run_jit_vmap": lambda: run_in_jit_vmap(ACCEPTED),
+        "dpsvi_run_jit_vmap_works": lambda: run_in_jit_vmap(base),
         # the batch a failed draw would stand for: empty, with out-of-range indices
         "failed_batch": lambda: [np.asarray(a).tolist() for a in
                                  minibatch._sample_jit(fixed, key, ACCEPTED)],
@@ -126,11 +135,15 @@ def test_broken_random_source_raises_at_the_python_boundary(broken_runs, case):
 
 
 @pytest.mark.parametrize("case", ["fixed_jit", "poisson_jit_vmap", "with_replacement_jit", "scan_in_vmap",
-                                  "get_batch_jit"])
+                                  "get_batch_jit", "dpsvi_run_jit_vmap"])
 def test_broken_random_source_fails_a_traced_computation(broken_runs, case):
     result = broken_runs[case]
     assert result["raised"] == "JaxRuntimeError", result
     assert "SamplingError" in result["message"] and "iteration bound" in result["message"]
+
+
+def test_a_traced_run_with_a_working_source_runs(broken_runs):
+    assert broken_runs["dpsvi_run_jit_vmap_works"]["raised"] is None, broken_runs["dpsvi_run_jit_vmap_works"]
 
 
 def test_a_failed_draw_is_an_empty_batch(broken_runs):
