@@ -279,7 +279,10 @@ class DPSVI(SVI):
     :meth:`run` refuse keys that differ between the processes of a
     multi-process run, and a step traced inside ``shard_map`` (where every
     device would add its own noise) is refused. The result equals the
-    one-device step up to the order of floating-point summation.
+    one-device step up to floating-point rounding: the order of summation,
+    and the certified bound's rounding margin, which grows with the
+    additions in a device's sum (about ``(B - B/D) u`` relative on the clip
+    factor of a clipped record, ``u`` the unit roundoff).
 
     :param model: NumPyro model; its records must sit under a subsampling plate.
     :param guide: NumPyro guide (e.g. an autoguide).

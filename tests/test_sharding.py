@@ -164,7 +164,7 @@ def _example(*args, timeout=900):
 def test_multi_host_example_two_processes_agree_with_one_device(tmp_path):
     """Two processes of two CPU devices each: both end with the same parameters
     (bit for bit), and those of the one-device run with the same seed (up to
-    summation order)."""
+    rounding)."""
     proc = _example("--quick", "--output-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     prints = [line.split()[-1] for line in proc.stdout.splitlines() if "parameter fingerprint" in line]
