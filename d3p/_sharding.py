@@ -184,21 +184,23 @@ def sharded_sum(layout: Optional[BatchLayout], sum_fn: Callable[..., ClippedSum]
     return ClippedSum(grad_sum, losses[:B], norms[:B])
 
 
-def shard_records(layout: Optional[BatchLayout], leaves):
-    """Per-record arrays placed with their leading axis split over the batch
-    axes, where it divides evenly (others are left as they are), for
-    computations that JAX partitions itself (:meth:`d3p.svi.DPSVI.evaluate`)."""
-    if layout is None:
-        return leaves
-    spec = layout.spec
-    target = spec if layout.mesh is None else NamedSharding(layout.mesh, spec)
-    place = jax.sharding.reshard if layout.explicit else jax.lax.with_sharding_constraint
+def partitioned(layout: Optional[BatchLayout], fn: Callable, leaves):
+    """``fn(leaves)``, with the per-record arrays ``leaves`` split along their
+    leading axis over batch axes of type ``Auto`` (those whose length divides
+    evenly), for computations that JAX partitions itself
+    (:meth:`d3p.svi.DPSVI.evaluate`). With ``Explicit`` batch axes ``fn``
+    runs on the arrays as they are: explicit sharding would make every
+    operation of the model state how its result is sharded."""
+    if layout is None or layout.explicit:
+        return fn(leaves)
+    mesh = concrete_mesh(layout)
+    target = layout.spec if mesh is None else NamedSharding(mesh, layout.spec)
 
     def shard(x):
         divisible = np.ndim(x) > 0 and np.shape(x)[0] % layout.num_shards == 0
-        return place(x, target) if divisible else x
+        return jax.lax.with_sharding_constraint(x, target) if divisible else x
 
-    return [shard(x) for x in leaves]
+    return fn([shard(x) for x in leaves])
 
 
 def concrete_mesh(layout: Optional[BatchLayout]) -> Optional[jax.sharding.Mesh]:

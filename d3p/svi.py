@@ -760,20 +760,16 @@ class DPSVI(SVI):
         """
         self._check_state(svi_state)
         records, treedef, _ = _records(args, kwargs)
-        # with a mesh, JAX partitions the loss over the records' shards
-        records = _sharding.shard_records(self._batch_layout(), records)
-        args, kwargs = jax.tree.unflatten(treedef, records)
         _, eval_key = self.rng_suite.split(svi_state.rng_key, 2)
         params = self.get_params(svi_state)
-        return self.loss.loss(
-            self.rng_suite.convert_to_jax_rng_key(eval_key),
-            params,
-            self.model,
-            self.guide,
-            *args,
-            **kwargs,
-            **self.static_kwargs,
-        )
+
+        def loss(records):
+            args, kwargs = jax.tree.unflatten(treedef, records)
+            return self.loss.loss(self.rng_suite.convert_to_jax_rng_key(eval_key), params, self.model,
+                                  self.guide, *args, **kwargs, **self.static_kwargs)
+
+        # with a mesh, JAX partitions the loss over the records' shards
+        return _sharding.partitioned(self._batch_layout(), loss, records)
 
     @staticmethod
     def perturbation_function(rng_suite, rng, values, perturbation_scale):
