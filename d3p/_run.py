@@ -78,10 +78,11 @@ class _RunCache:
     def __init__(self):
         self._chunks = {}
 
-    def steps(self, update, sampler, rng_suite, treedef, forward_mode):
+    def steps(self, update, sampler, rng_suite, treedef, forward_mode, layout=None):
         """``(gather, run_chunk)`` of :func:`_batch_gatherer` and
-        :func:`_compiled_chunks` for these settings (cached)."""
-        key = (update.__name__, sampler, rng_suite, treedef, forward_mode)
+        :func:`_compiled_chunks` for these settings (cached); ``layout``:
+        anything else the steps depend on (the device mesh)."""
+        key = (update.__name__, sampler, rng_suite, treedef, forward_mode, layout)
         if key not in self._chunks:
             gather = _batch_gatherer(sampler, rng_suite, treedef)
             self._chunks[key] = (

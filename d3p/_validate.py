@@ -18,7 +18,7 @@ JAX transformation are not, and NaN is never accepted.
 import argparse
 import math
 import numbers
-from typing import Callable, Iterable, Mapping, Optional, TypeVar, Union
+from typing import Callable, Iterable, Mapping, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -35,6 +35,8 @@ __all__ = [
     "boolean",
     "choice",
     "rng_suite",
+    "mesh",
+    "mesh_axes",
     "cli",
 ]
 
@@ -169,6 +171,30 @@ def rng_suite(name: str, value):
     ):
         _fail(name, "a PRNG suite such as d3p.random or d3p.random.debug", value, InvalidArgumentType)
     return value
+
+
+def mesh(name: str, value):
+    """None or a concrete :class:`jax.sharding.Mesh` (devices, not an abstract mesh)."""
+    import jax
+
+    if value is not None and not isinstance(value, jax.sharding.Mesh):
+        _fail(name, "a jax.sharding.Mesh (e.g. from jax.make_mesh) or None", value, InvalidArgumentType)
+    return value
+
+
+def mesh_axes(name: str, value, axis_names: Iterable[str], mesh_name: str = "mesh") -> Tuple[str, ...]:
+    """Names of axes of a mesh whose axis names are ``axis_names``, as a tuple:
+    one name, or a tuple or list of distinct names; None gives all of them."""
+    axis_names = tuple(axis_names)
+    if value is None:
+        return axis_names
+    what = f"an axis name of {mesh_name} or a tuple of them ({mesh_name} has axes {axis_names})"
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, (tuple, list)) or not names or not all(isinstance(n, str) for n in names):
+        _fail(name, what, value, InvalidArgumentType)
+    if len(set(names)) != len(names) or not set(names) <= set(axis_names):
+        _fail(name, what, value)
+    return tuple(names)
 
 
 def cli(check: Callable, *args, integral: bool = False, **kwargs) -> Callable[[str], object]:

@@ -211,6 +211,13 @@ def _integer_record(loss_fn, params, record, mask, plan, forward_mode):
     return jax.tree.map(lambda r: r[0], ints), loss[0], norm[0]
 
 
+def _check_slots(plan: DiscretePlan, B: int) -> None:
+    """Raise unless a batch of ``B`` record slots has an exact int32 sum under ``plan``."""
+    if B > plan.max_batch_size():
+        raise ValueError(f"Expected at most {plan.max_batch_size()} record slots per batch for the exact "
+                         f"int32 sum at {plan.bound:.4g} grid steps per record, got {B}.")
+
+
 def clipped_integer_sum(loss_fn, params, records, mask, plan: DiscretePlan, *,
                         forward_mode: bool = False) -> gradients.ClippedSum:
     """The exact int32 sum over records of their clipped, rounded gradients.
@@ -253,9 +260,7 @@ def clipped_integer_sum(loss_fn, params, records, mask, plan: DiscretePlan, *,
     if num_params != plan.num_params:
         raise ValueError(f"Expected params with plan.num_params={plan.num_params} coordinates, "
                          f"got {num_params}.")
-    if B > plan.max_batch_size():
-        raise ValueError(f"Expected at most {plan.max_batch_size()} record slots per batch for the exact "
-                         f"int32 sum at {plan.bound:.4g} grid steps per record, got {B}.")
+    _check_slots(plan, B)
     if B == 0:
         zero = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.int32), params)
         return gradients.ClippedSum(zero, jnp.zeros((0,)), jnp.zeros((0,)))

@@ -499,12 +499,31 @@ def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_m
     return (summed,) + _real_only(mask, losses, norms)
 
 
-def _sum_depth(B: int, chunk: int, rows: int = 1) -> int:
+def _sum_depth(B: int, chunk: int, rows: int = 1, shards: int = 1) -> int:
     """The most additions an entry of one record passes through in the sum over a
     batch of ``B`` records in chunks of ``chunk`` (``rows`` terms per record and
-    chunk in one reduction, then one addition per chunk)."""
+    chunk in one reduction, then one addition per chunk), when that sum is then
+    added to those of ``shards - 1`` other shards of the batch (a sum of
+    ``shards`` partial sums passes each through at most ``shards - 1``
+    additions, in any order or tree)."""
     chunk = max(1, min(int(chunk), B))
-    return chunk * rows + -(-B // chunk)
+    return chunk * rows + -(-B // chunk) + (shards - 1)
+
+
+def _shard_sum_depth(B: int, chunk: int, rows: int = 1, shards: int = 1) -> int:
+    """The depth certified for one of ``shards`` partial sums of ``B`` records
+    each: at least :func:`_sum_depth` with the cross-shard additions, and never
+    below the depth of the whole batch of ``shards * B`` slots summed on one
+    device under the same rule (unchunked, or in chunks of ``chunk``). A
+    larger depth only makes the bound more conservative; this one makes a
+    sharded step clip every record exactly as the one-device step on the same
+    batch does (up to the masked slots that pad it to a multiple of
+    ``shards``), whatever the number of shards."""
+    own = _sum_depth(B, chunk, rows, shards)
+    if shards == 1:
+        return own
+    whole = shards * B
+    return max(own, _sum_depth(whole, whole if chunk >= B else chunk, rows))
 
 
 def _in_chunks(chunk_fn, params, records, mask, chunk):
@@ -784,6 +803,7 @@ def clipped_grad_sum(
     chunk_size: Optional[int] = None,
     forward_mode: bool = False,
     memory_budget_bytes: Optional[int] = None,
+    num_shards: int = 1,
 ) -> ClippedSum:
     """Sum over records of per-record gradients, each clipped to norm ``C``.
 
@@ -807,6 +827,7 @@ def clipped_grad_sum(
     :param int memory_budget_bytes: bytes of per-record quantities held at once
         (``"auto"``, ``"chunked"``, ``"ghost"``); default
         :data:`DEFAULT_MEMORY_BUDGET_BYTES`.
+    :param int num_shards: how many such partial sums (one per device) are added into the released sum.
     :return: :class:`ClippedSum`.
 
     **Formal guarantees.** The gradient of every record is clipped as one
@@ -818,7 +839,8 @@ def clipped_grad_sum(
     contribution plus the worst-case rounding error that its entries can
     cause in the sum over the batch (``gamma(depth)`` times their magnitudes,
     for any order of summation, ``depth`` the additions an entry passes
-    through: chunk size, rows and chunks) is at most ``C``. This holds by
+    through: chunk size, rows and chunks, and ``num_shards - 1`` for adding up
+    the partial sums in any order or tree) is at most ``C``. This holds by
     construction, not by testing (see "Why the clipping bound holds" in the
     module documentation).
 
@@ -841,6 +863,7 @@ def clipped_grad_sum(
     ``norms`` are computed from the un-noised data and are NOT private.
     """
     on_choice = _optional_callable("on_choice", on_choice)
+    num_shards = _validate.integer("num_shards", num_shards, minimum=1)
     B, forward_mode, choice, plan = _resolve(
         loss_fn, params, records, strategy, chunk_size, forward_mode, memory_budget_bytes
     )
@@ -848,9 +871,20 @@ def clipped_grad_sum(
     _report_choice(choice, B, on_choice)
     if B == 0:
         return ClippedSum(*_clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode, 0))
+    return _sum_on_this_platform(loss_fn, params, records, mask, clipping_threshold, forward_mode,
+                                 choice, plan, B, num_shards)
+
+
+def _sum_on_this_platform(loss_fn, params, records, mask, clipping_threshold, forward_mode,
+                          choice, plan, B, num_shards):
+    """The clipped sum under ``choice``, or, where ``choice.elsewhere`` is set,
+    under ``choice`` on CPU and ``choice.elsewhere`` on other platforms, picked
+    when the program is lowered (:func:`jax.lax.platform_dependent`)."""
+
     def clipped_sum(choice, params, records, mask):
         chunk = B if choice.chunk_size is None else choice.chunk_size
-        chunk_fn = _chunk_function(loss_fn, params, clipping_threshold, forward_mode, choice, plan, B, chunk)
+        chunk_fn = _chunk_function(loss_fn, params, clipping_threshold, forward_mode, choice, plan, B, chunk,
+                                   num_shards)
         return ClippedSum(*_in_chunks(chunk_fn, params, records, mask, chunk))
 
     if choice.elsewhere is None:
@@ -877,12 +911,13 @@ def _report_choice(choice: StrategyChoice, B: int, on_choice) -> None:
         on_choice(choice)
 
 
-def _chunk_function(loss_fn, params, clipping_threshold, forward_mode, choice, plan, B, chunk):
+def _chunk_function(loss_fn, params, clipping_threshold, forward_mode, choice, plan, B, chunk, num_shards=1):
     """``chunk_fn(records, mask) -> (sum, losses, norms)`` for one chunk of records
-    under ``choice``; ``B`` records in chunks of ``chunk`` make up the sum."""
+    under ``choice``; ``B`` records in chunks of ``chunk`` make up the sum, one
+    of ``num_shards`` partial sums that are added up afterwards."""
 
     def sum_depth(rows: int = 1) -> int:
-        return _sum_depth(B, chunk, rows)
+        return _shard_sum_depth(B, chunk, rows, num_shards)
 
     if choice.strategy == "ghost":
         from d3p import _ghost

@@ -25,7 +25,7 @@ from numpyro.primitives import Messenger
 from numpyro.optim import Minimize
 
 import d3p.random
-from d3p import _validate, accounting, discrete, gradients
+from d3p import _sharding, _validate, accounting, discrete, gradients
 from d3p.gradients import add_gaussian_noise, clipped_grad_sum
 from d3p.random import _threefry
 
@@ -280,6 +280,29 @@ class DPSVI(SVI):
     :meth:`evaluate` and :meth:`run` is computed from the un-noised data and is
     NOT private; so is anything else derived from the data without noise.
 
+    **Formal guarantees on several devices.** With a mesh (``mesh``, or one
+    set in context with :func:`jax.set_mesh`), all of the above holds
+    unchanged for the whole batch: the batch is drawn whole (by :meth:`run`
+    from one key, the same in every process), padded with masked slots to a
+    multiple of the number ``D`` of devices along ``batch_axis`` and split by
+    position alone, never by data; each device clips its records' gradients,
+    every record's certified bound covering also its share of the rounding
+    of the sum of the ``D`` partial sums (at most ``D - 1`` further
+    additions, in whatever order the all-reduce adds them); one ``psum``
+    adds them, and the noise is drawn once, for that sum, from the
+    replicated key, with the same standard deviation ``dp_scale * C`` as on
+    one device, so every device holds the same released value. The
+    parameters and the optimizer state are replicated. With
+    ``noise="discrete"`` the partial integer sums are added exactly; its
+    floating-point guarantee then also needs every device to run the
+    compiled per-record code alike (devices of one kind). :meth:`init` and
+    :meth:`run` refuse keys that differ between the processes of a
+    multi-process run, and a step traced inside ``shard_map`` (where every
+    device would add its own noise) is refused. Every record's
+    certified rounding margin is never below that of the whole batch summed
+    on one device, so the result equals the one-device step up to the order
+    of floating-point summation.
+
     :param model: NumPyro model; its records must sit under a subsampling plate.
     :param guide: NumPyro guide (e.g. an autoguide).
     :param optim: a NumPyro optimizer, a ``jax.example_libraries`` optimizer or
@@ -322,6 +345,14 @@ class DPSVI(SVI):
         times larger, ``η`` = 1%; each record's gradient is formed on its own,
         one record at a time, as by the ``"scan"`` strategy; accounted with
         ``noise="discrete"`` in :mod:`d3p.accounting`, which :meth:`run` does).
+    :param mesh: a :class:`jax.sharding.Mesh` over whose devices every batch's
+        records are sharded (see "Formal guarantees on several devices");
+        default None: the mesh set in context with :func:`jax.set_mesh` when
+        a step is traced, if any, else one device. ``memory_budget_bytes``
+        and ``chunk_size`` then apply per device.
+    :param batch_axis: the name of the mesh axis (or a tuple of names) along
+        which records are sharded; default None: all axes of the mesh.
+        Parameters and optimizer state are replicated along every axis.
     :param static_kwargs: keyword arguments passed to model and guide at every
         call, shared by all records (e.g. ``N``, or group-level data); the only
         place for such values, and treated as public (they are used without
@@ -365,6 +396,8 @@ class DPSVI(SVI):
         chunk_size: Optional[int] = None,
         memory_budget_bytes: Optional[int] = None,
         noise: str = "gaussian",
+        mesh: Optional[jax.sharding.Mesh] = None,
+        batch_axis=None,
         **static_kwargs,
     ):
         if isinstance(optim, Minimize) or getattr(optim, "update_with_value", False):
@@ -383,6 +416,11 @@ class DPSVI(SVI):
         self.chunk_size = _optional_count("chunk_size", chunk_size)
         self.memory_budget_bytes = _optional_count("memory_budget_bytes", memory_budget_bytes)
         self.noise = _noise_setting(noise, self.dp_scale, self.clipping_threshold, self.gradient_strategy)
+        self.mesh = _validate.mesh("mesh", mesh)
+        if self.mesh is not None:
+            batch_axis = _validate.mesh_axes("batch_axis", batch_axis, self.mesh.axis_names)
+        #: The mesh axes over which batches are sharded (None: all axes of the mesh).
+        self.batch_axis = batch_axis
         # the discrete mechanism's public constants per parameter count (see d3p.discrete)
         self._discrete_plans = {}
         # per_example_loss is also available as self.loss (numpyro's name)
@@ -546,6 +584,8 @@ class DPSVI(SVI):
                 "Expected at least one record in the batch given to init, got 0 rows: init "
                 "runs the model and guide on the batch to find the parameters."
             )
+        mesh = _sharding.concrete_mesh(self._batch_layout())   # checks the mesh and batch_axis first
+        _sharding.check_same_in_every_process("rng_key", rng_key)
         args, kwargs = jax.tree.unflatten(treedef, records)
         rng_key, init_key = self.rng_suite.split(rng_key, 2)
         jax_init_key = self.rng_suite.convert_to_jax_rng_key(init_key)
@@ -559,7 +599,9 @@ class DPSVI(SVI):
             )
         # the model's structure and its public scale, now, for a clear early error
         scale = self._observation_scale(self.optim.get_params(state.optim_state), treedef, records)
-        return DPSVIState(state.optim_state, None, rng_key, _batch_scale(scale, size))
+        state = DPSVIState(state.optim_state, None, rng_key, _batch_scale(scale, size))
+        # with a mesh: replicated on its devices, the same in every process
+        return _sharding.replicate(state, mesh)
 
     def _noisy_gradient(self, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
         """``(state, noisy_gradient, loss)`` of one step (see :meth:`update`);
@@ -622,29 +664,47 @@ class DPSVI(SVI):
                 self.dp_scale, self.clipping_threshold, num_params)
         return self._discrete_plans[num_params]
 
+    def _batch_layout(self):
+        """How this step's batch is sharded (:func:`d3p._sharding.batch_layout`):
+        over ``mesh``, else the mesh in context, else None (one device)."""
+        return _sharding.batch_layout(self.mesh, self.batch_axis)
+
+    def _run_layout(self):
+        """What the compiled steps of :meth:`run` depend on beyond their
+        arguments: the batch layout and the mesh in context."""
+        return self._batch_layout(), jax.sharding.get_abstract_mesh()
+
+    def _replicated(self, *trees) -> tuple:
+        """``trees`` placed whole on every device of the mesh, if there is one."""
+        return _sharding.replicate(trees, _sharding.concrete_mesh(self._batch_layout()))
+
     def _private_sum(self, loss_fn, params, records, mask, forward_mode, noise_key):
-        """``(ClippedSum, noisy sum)``: the clipped sum over records and its noisy
-        release, by the continuous or the discrete mechanism."""
+        """``(ClippedSum, noisy sum)``: the clipped sum over records, over the
+        devices of the mesh if there is one, and its noisy release (the noise
+        drawn once, for the whole sum), by the continuous or the discrete mechanism."""
+        layout = self._batch_layout()
         if self.noise == "discrete":
             plan = self.discrete_plan(params)
-            result = discrete.clipped_integer_sum(loss_fn, params, records, mask, plan,
-                                                  forward_mode=forward_mode)
+            discrete._check_slots(plan, gradients._batch_size(records))   # the whole batch's slots
+
+            def integer_sum(p, recs, m, num_shards):   # int32: exact whatever the number of shards
+                return discrete.clipped_integer_sum(loss_fn, p, recs, m, plan, forward_mode=forward_mode)
+
+            result = _sharding.sharded_sum(layout, integer_sum, params, records, mask)
             dtype = jnp.result_type(*jax.tree.leaves(params))
             noisy = discrete.add_discrete_gaussian_noise(result.grad_sum, noise_key, plan, self.rng_suite, dtype)
             noisy = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), noisy, params)
             return result, noisy
-        result = clipped_grad_sum(
-            loss_fn,
-            params,
-            records,
-            mask,
-            self.clipping_threshold,
-            strategy=self.gradient_strategy,
-            chunk_size=self.chunk_size,
-            forward_mode=forward_mode,
-            memory_budget_bytes=self.memory_budget_bytes,
-            on_choice=self._record_choice,
-        )
+
+        def float_sum(p, recs, m, num_shards):
+            return clipped_grad_sum(
+                loss_fn, p, recs, m, self.clipping_threshold, strategy=self.gradient_strategy,
+                chunk_size=self.chunk_size, forward_mode=forward_mode,
+                memory_budget_bytes=self.memory_budget_bytes, on_choice=self._record_choice,
+                num_shards=num_shards,
+            )
+
+        result = _sharding.sharded_sum(layout, float_sum, params, records, mask)
         noisy = add_gaussian_noise(result.grad_sum, noise_key, self.dp_scale, self.clipping_threshold, self.rng_suite)
         return result, noisy
 
@@ -727,18 +787,16 @@ class DPSVI(SVI):
         """
         self._check_state(svi_state)
         records, treedef, _ = _records(args, kwargs)
-        args, kwargs = jax.tree.unflatten(treedef, records)
         _, eval_key = self.rng_suite.split(svi_state.rng_key, 2)
         params = self.get_params(svi_state)
-        return self.loss.loss(
-            self.rng_suite.convert_to_jax_rng_key(eval_key),
-            params,
-            self.model,
-            self.guide,
-            *args,
-            **kwargs,
-            **self.static_kwargs,
-        )
+
+        def loss(records):
+            args, kwargs = jax.tree.unflatten(treedef, records)
+            return self.loss.loss(self.rng_suite.convert_to_jax_rng_key(eval_key), params, self.model,
+                                  self.guide, *args, **kwargs, **self.static_kwargs)
+
+        # with a mesh, JAX partitions the loss over the records' shards
+        return _sharding.partitioned(self._batch_layout(), loss, records)
 
     @staticmethod
     def perturbation_function(rng_suite, rng, values, perturbation_scale):
@@ -878,16 +936,21 @@ class DPSVI(SVI):
         records, treedef, N = _records(args, kwargs, what="data")
         plan = self._run_plan(N, num_steps, batch_size, q, sampling, max_batch_size, target_delta,
                               accountant, relation)
+        _sharding.check_same_in_every_process("rng_key", rng_key)
         init_key, batch_key = self.rng_suite.split(rng_key, 2)
+        # with a mesh: the data set whole on every device, each taking its shard of every batch
+        records, batch_key = self._replicated(records, batch_key)
         update = self.stable_update if stable_update else self.update
         gather, run_chunk = self._run_cache.steps(update, plan.sampler, self.rng_suite, treedef,
-                                                  forward_mode_differentiation)
+                                                  forward_mode_differentiation, self._run_layout())
         svi_state = init_state
         if svi_state is None:  # initialised on the first batch
             a, k, _, ok = gather(batch_key, records, 0)
             a, k = _require_batches(ok, plan.sampler, (a, k))
             svi_state = self.init(init_key, *a, init_params=init_params, **k)
         self._check_state(svi_state)
+        _sharding.check_same_in_every_process("init_state", svi_state.rng_key)
+        (svi_state,) = self._replicated(svi_state)
 
         def run_steps(svi_state, start, data, length):
             svi_state, losses, ok = run_chunk(svi_state, batch_key, start, data, length)

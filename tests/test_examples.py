@@ -71,7 +71,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # examples that run DPSVI on batches they sample: Poisson sampling (add/remove)
 # must be their default, fixed-size batches an explicit ``--sampling fixed``
-SAMPLING_OPTION = ["gmm.py", "hierarchical_logistic_regression.py", "logistic_regression.py", "twin.py", "vae.py"]
+SAMPLING_OPTION = ["gmm.py", "hierarchical_logistic_regression.py", "logistic_regression.py", "multi_host.py", "twin.py",
+                   "vae.py"]
 
 
 def _read(name):
