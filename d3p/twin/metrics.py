@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from d3p import _validate
-from d3p.twin.schema import Schema, check_frame
+from d3p.twin.schema import INTEGER_CODE_DISTRIBUTIONS, Schema, check_frame
 
 __all__ = [
     "marginal_tv_distances",
@@ -439,10 +439,10 @@ def uniform_baseline(schema: Schema, num_records: int, rng_seed: int = 0, *, bin
             p_missing = 1.0 / 3.0
         elif c.kind == "count":
             vals = rng.integers(int(c.lower), int(c.upper) + 1, n).astype(float)
-            v = vals - c.lower if c.distribution == "poisson" else c._scale(vals)
+            v = vals - c.lower if c.distribution in INTEGER_CODE_DISTRIBUTIONS else c.scale(vals)
             p_missing = 1.0 / (bins + 1)
         else:
-            v = c._scale(rng.uniform(c.lower, c.upper, n))
+            v = c.scale(rng.uniform(c.lower, c.upper, n))
             p_missing = 1.0 / (bins + 1)
         if c.nullable:
             v = np.where(rng.uniform(size=n) < p_missing, np.nan, v)
