@@ -545,3 +545,32 @@ def test_numpy_expit_is_clipped_and_quiet():
     np.testing.assert_allclose(y[2:5], 1.0 / (1.0 + np.exp(-x[2:5])), rtol=1e-15)
     assert y[0] == f32.tiny and y[-1] == 1.0 - f32.eps and y[-2] == 1.0 - f32.eps
     assert np.all((y > 0) & (y < 1))
+
+
+def test_numeric_columns_are_read_by_their_values_and_keep_their_type():
+    """0/1 floats are boolean and come back as 0.0/1.0; few distinct numbers are ordered
+    levels (float or int as in the table); many integers a count of the column's type."""
+    rng = np.random.default_rng(0)
+    n = 120
+    df = pd.DataFrame({
+        "flag": rng.choice([0.0, 1.0], n), "flag_int": rng.choice([0, 1], n),
+        "scale": rng.choice([1.0, 2.0, 3.0, 4.5], n), "coded": rng.choice([3, 7, 9], n),
+        "amount": rng.integers(0, 400, n).astype(float), "x": rng.normal(size=n)})
+    s = quiet_infer(df)
+    assert [s[c].kind for c in df.columns] == ["boolean", "boolean", "categorical", "categorical", "count", "real"]
+    assert [s[c].dtype for c in df.columns] == ["float64", "int64", "float64", "int64", "float64", "float64"]
+    assert s["scale"].ordered and s["scale"].levels == (1.0, 2.0, 3.0, 4.5)
+    assert all("kind" in s[c].inferred for c in df.columns)
+    back = s.decode(s.encode(df))
+    assert list(back.dtypes.astype(str)) == ["float64", "int64", "float64", "int64", "float64", "float64"]
+    assert set(back["flag"]) <= {0.0, 1.0} and set(back["coded"]) <= {3, 7, 9}
+    pd.testing.assert_series_equal(back["scale"], df["scale"])
+
+
+def test_a_point_mass_at_the_minimum_is_a_hurdle_decoded_exactly():
+    x = np.r_[np.zeros(30), np.linspace(0.5, 80.0, 70)]
+    s = quiet_infer(pd.DataFrame({"spend": x}))
+    assert s["spend"].distribution == "hurdle" and "distribution" in s["spend"].inferred
+    codes = s.encode(pd.DataFrame({"spend": x}))
+    assert np.all(codes[:30, 0] == -1.0)
+    assert np.all(s.decode(codes)["spend"].to_numpy()[:30] == 0.0)  # exactly the bound, not 1e-18

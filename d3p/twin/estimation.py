@@ -27,7 +27,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from d3p.twin.graphical import GraphicalModel, calibrate, marginal
+from d3p.twin.graphical import GraphicalModel, calibrate, logsumexp
 from d3p.twin.junction import build_junction_tree
 
 __all__ = ["Measurement", "estimate", "project", "project_transpose"]
@@ -81,8 +81,14 @@ def _loss_and_grad(measurements: Sequence[Measurement], mus: dict, num_records: 
 
 
 def _marginals(model: GraphicalModel, tree, cliques) -> dict:
+    """The model's marginals of ``cliques`` (each inside one maximal clique of ``tree``)."""
     cal = calibrate(model, tree)
-    return {c: marginal(cal, c) for c in cliques}
+    out = {}
+    for c in cliques:
+        h = tree.host[c]
+        axes = tuple(i for i, v in enumerate(tree.cliques[h]) if v not in c)
+        out[c] = np.exp(logsumexp(cal.beliefs[h], axes)) if axes else np.exp(cal.beliefs[h])
+    return out
 
 
 def estimate(sizes: Sequence[int], measurements: Sequence[Measurement], num_records: int, *,

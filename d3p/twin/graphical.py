@@ -85,7 +85,7 @@ def calibrate(model: GraphicalModel, tree: JunctionTree = None) -> Calibrated:
         tree = build_junction_tree(model.sizes, model.factors)
     psi = _clique_potentials(model, tree)
     cl, sep = tree.cliques, tree.separators
-    children = [tree.children(i) for i in range(len(cl))]
+    children = tree.child_lists
     up: Dict[int, np.ndarray] = {}
     total: Dict[int, np.ndarray] = {}
     for i in reversed(tree.order):

@@ -43,6 +43,15 @@ class JunctionTree(NamedTuple):
         """The children of clique ``i``."""
         return [c for c in range(len(self.cliques)) if self.parent[c] == i]
 
+    @property
+    def child_lists(self) -> List[List[int]]:
+        """The children of every clique."""
+        out: List[List[int]] = [[] for _ in self.cliques]
+        for c, p in enumerate(self.parent):
+            if p >= 0:
+                out[p].append(c)
+        return out
+
     def cells(self, clique: Sequence[int]) -> int:
         """The number of cells of a set of columns."""
         return math.prod(self.sizes[v] for v in clique)

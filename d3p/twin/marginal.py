@@ -46,7 +46,8 @@ from d3p.twin.graphical import GraphicalModel, calibrate, marginal, sample
 from d3p.twin.junction import tree_size
 from d3p.twin.schema import Schema
 
-__all__ = ["MarginalModel", "MarginalPlan", "plan_marginals", "fit_marginals", "DEFAULT_MAX_MODEL_CELLS"]
+__all__ = ["MarginalModel", "MarginalPlan", "plan_marginals", "fit_marginals", "one_way_shares", "default_num_rounds",
+           "DEFAULT_MAX_MODEL_CELLS"]
 
 #: Largest total number of cells of the junction tree's cliques: a candidate
 #: table that would make the model larger is not considered.
@@ -76,10 +77,14 @@ class MarginalPlan(NamedTuple):
     l1_sensitivity: float  # of one count table (the scores' sensitivity)
 
 
+#: The most rounds of :func:`default_num_rounds`.
+MAX_ROUNDS = 30
+
+
 def default_num_rounds(num_columns: int) -> int:
     """Rounds of selection and measurement for ``D`` columns: ``2 (D - 1)``, twice
-    the edges of a spanning tree, at least 1."""
-    return max(1, 2 * (num_columns - 1))
+    the edges of a spanning tree, between 1 and :data:`MAX_ROUNDS`."""
+    return min(MAX_ROUNDS, max(1, 2 * (num_columns - 1)))
 
 
 def plan_marginals(epsilon: float, delta: float, num_columns: int, *, relation: str = accounting.ADD_REMOVE,
@@ -119,7 +124,7 @@ def _counts(cells: np.ndarray, sizes: Sequence[int], clique: Clique) -> np.ndarr
     return np.bincount(flat, minlength=math.prod(shape)).reshape(shape).astype(np.float64)
 
 
-def _one_way_shares(sizes: Sequence[int], rho: float) -> List[float]:
+def one_way_shares(sizes: Sequence[int], rho: float) -> List[float]:
     """ρ of each column's one-way table: ∝ cells^(2/3), which minimises the sum
     of the tables' expected L1 noise (cells × std) for the total ``rho``."""
     w = np.asarray(sizes, np.float64) ** (2.0 / 3.0)
@@ -131,24 +136,40 @@ def _noise_multiplier(rho: float) -> float:
     return 0.0 if math.isinf(rho) else math.sqrt(1.0 / (2.0 * rho))
 
 
-def _measure(rng_key, tables: List[np.ndarray], sensitivity: float, rho: float) -> List[np.ndarray]:
-    """Tables plus Gaussian noise of std σ·sensitivity, ρ = 1/(2σ²), in one draw.
+def _measure(rng_key, tables: List[np.ndarray], shares: Sequence[float], sensitivity: float, length: int):
+    """Tables with Gaussian noise, table ``i`` at ρ ``shares[i]``, in one release.
 
-    The tables go to :func:`d3p.gradients.add_gaussian_noise` as one vector
-    padded with zeros to a power of two (at least 256), so that the noise
-    sampler compiles for a few lengths only; the padding's noise is dropped.
+    The release is ``concat(w_i t_i) + N(0, (σC)²)`` with ``w_i = sqrt(shares[i])``,
+    ``C = Δ sqrt(Σ w_i²)`` (a record is in one cell of each table) and
+    ``σ = 1 / sqrt(2 Σ shares)``: one Gaussian mechanism of ρ = Σ shares, whose
+    noise is drawn by :func:`d3p.gradients.add_gaussian_noise`; dividing by
+    ``w_i`` leaves table ``i`` with noise std ``Δ / sqrt(2 shares[i])``. The vector
+    is padded with zeros to ``length`` (fixed in a fit, so that the noise sampler
+    compiles once); the padding's noise is dropped.
+
+    :return: ``(noisy tables, their noise stds)``.
     """
-    flat = np.concatenate([np.ravel(t) for t in tables])
-    size = max(256, 1 << int(math.ceil(math.log2(max(flat.size, 1)))))
-    padded = np.zeros(size, np.float32)
+    rho = float(sum(shares))
+    if math.isinf(rho):
+        return [np.asarray(t, np.float64) for t in tables], [0.0] * len(tables)
+    w = np.sqrt(np.asarray(shares, np.float64))
+    flat = np.concatenate([wi * np.ravel(t) for wi, t in zip(w, tables)])
+    padded = np.zeros(max(length, flat.size), np.float32)
     padded[:flat.size] = flat
-    padded = jnp.asarray(padded)
-    noisy = np.asarray(add_gaussian_noise(padded, rng_key, _noise_multiplier(rho), sensitivity), np.float64)
-    out, start = [], 0
-    for t in tables:
-        out.append(noisy[start:start + t.size].reshape(t.shape))
+    clip = sensitivity * float(np.sqrt(np.sum(w * w)))
+    noisy = np.asarray(add_gaussian_noise(jnp.asarray(padded), rng_key, _noise_multiplier(rho), clip), np.float64)
+    out, stds, start = [], [], 0
+    for wi, t in zip(w, tables):
+        out.append(noisy[start:start + t.size].reshape(t.shape) / wi)
+        stds.append(_noise_multiplier(rho) * clip / wi)
         start += t.size
-    return out
+    return out, stds
+
+
+def _noise_length(space: CellSpace, candidates) -> int:
+    """One length for every release of a fit (public): a power of two >= 256."""
+    longest = max([sum(space.sizes)] + [c.num_cells for c in candidates])
+    return max(256, 1 << int(math.ceil(math.log2(longest))))
 
 
 class _Candidate(NamedTuple):
@@ -230,15 +251,13 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
     sizes = space.sizes
     budget = accounting.ZCDPBudget(plan.rho)
     key_one_way, key_rounds = d3p.random.split(rng_key, 2)
-    measurements = []
-    for v, rho in enumerate(_one_way_shares(sizes, plan.rho_one_way)):
-        (table,) = _measure(d3p.random.fold_in(key_one_way, v), [_counts(cells, sizes, (v,))],
-                            plan.l2_sensitivity, rho)
-        budget.spend(rho, f"one-way marginal of column {v}")
-        std = max(_noise_multiplier(rho) * plan.l2_sensitivity, EXACT_STD)
-        measurements.append(Measurement((v,), table, std, (None,)))
+    candidates = _candidates(space)
+    length = _noise_length(space, candidates)
+    tables, stds = _measure(key_one_way, [_counts(cells, sizes, (v,)) for v in range(num_columns)],
+                            one_way_shares(sizes, plan.rho_one_way), plan.l2_sensitivity, length)
+    budget.spend(plan.rho_one_way, "one-way marginals")
+    measurements = [Measurement((v,), t, max(s, EXACT_STD), (None,)) for v, (t, s) in enumerate(zip(tables, stds))]
     model = estimate(sizes, measurements, num_records, num_iterations=200)
-    candidates = [c for c in _candidates(space)]
     chosen: List[Clique] = []
     for t in range(plan.num_rounds):
         k_select, k_measure = d3p.random.split(d3p.random.fold_in(key_rounds, t), 2)
@@ -248,10 +267,9 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
         pick = _select(k_select, cells, sizes, model, usable, plan, num_records)
         budget.spend(plan.rho_select, f"selection {t}")
         table = project(_counts(cells, sizes, pick.clique), pick.coarsening)
-        (noisy,) = _measure(k_measure, [table], plan.l2_sensitivity, plan.rho_measure)
+        (noisy,), (std,) = _measure(k_measure, [table], [plan.rho_measure], plan.l2_sensitivity, length)
         budget.spend(plan.rho_measure, f"measurement {t}: columns {pick.clique}")
-        std = max(_noise_multiplier(plan.rho_measure) * plan.l2_sensitivity, EXACT_STD)
-        measurements.append(Measurement(pick.clique, noisy, std, pick.coarsening))
+        measurements.append(Measurement(pick.clique, noisy, max(std, EXACT_STD), pick.coarsening))
         chosen.append(pick.clique)
         model = estimate(sizes, measurements, num_records, init=model, num_iterations=100)
         if progress is not None:
