@@ -11,7 +11,7 @@ post-processing and carry the same guarantee. See ``docs/twin.md``.
 >>> synthetic = twin.generate(1000, rng_key=0)  # doctest: +SKIP
 """
 
-from d3p.twin.inference import FAMILIES, TwinResult, choose_family, default_num_steps, default_q, fit, load
+from d3p.twin.inference import TwinResult, choose_family, default_num_steps, default_q, fit, load
 from d3p.twin.marginal import MarginalModel
 from d3p.twin.metrics import (
     CorrelationDifference,
@@ -33,7 +33,7 @@ from d3p.twin.schema import (
 
 __all__ = [
     # fitting, generating, saving
-    "fit", "load", "TwinResult", "default_num_steps", "default_q", "choose_family", "FAMILIES",
+    "fit", "load", "TwinResult", "default_num_steps", "default_q", "choose_family",
     # schemas
     "Schema", "ColumnSpec", "infer_schema", "SchemaInferenceWarning", "TwinInputError",
     # the models: marginal tables and a graphical model, or a mixture fitted with DP-VI
