@@ -315,15 +315,17 @@ def dpmm_spec(train: pd.DataFrame, discrete: List[str]) -> dict:
     return {"columns": columns}
 
 
-def run_dpmm(system: str, train: pd.DataFrame, discrete: List[str], seed: int, python: str) -> pd.DataFrame:
-    """Fit dpmm's MST or AIM in its own environment (``--dpmm-worker``) and read its synthetic table."""
+def run_dpmm(system: str, train: pd.DataFrame, discrete: List[str], seed: int, python: str,
+             timeout: Optional[float] = None) -> pd.DataFrame:
+    """Fit dpmm's MST or AIM in its own environment (``--dpmm-worker``) and read its synthetic
+    table; ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         paths = [os.path.join(tmp, n) for n in ("train.csv", "spec.json", "synthetic.csv")]
         train.to_csv(paths[0], index=False)
         with open(paths[1], "w") as f:
             json.dump(dpmm_spec(train, discrete), f)
         cmd = [python, os.path.abspath(__file__), "--dpmm-worker", system, str(seed), *paths]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"dpmm {system} failed:\n{proc.stderr[-3000:]}")
         syn = pd.read_csv(paths[2])
@@ -360,15 +362,20 @@ def dpmm_worker(system: str, seed: int, train_csv: str, spec_json: str, out_csv:
 # ------------------------------------------------------------------------------- run
 
 
-def run_one(name: str, table: Table, system: str, seed: int, dpmm_python: str) -> dict:
+def run_one(name: str, table: Table, system: str, seed: int, dpmm_python: str,
+            timeout: Optional[float] = None) -> dict:
     train, test = split(table.frame, seed)
     t0 = time.monotonic()
+    row = {"table": name, "system": system, "seed": seed}
     if system == "d3p":
         syn = run_d3p(train, seed)
     else:
-        syn = run_dpmm(system, train, discrete_columns(table.frame), seed, dpmm_python)
+        try:
+            syn = run_dpmm(system, train, discrete_columns(table.frame), seed, dpmm_python, timeout)
+        except subprocess.TimeoutExpired:
+            return {**row, "seconds": time.monotonic() - t0, "timeout": True}
     seconds = time.monotonic() - t0
-    row = {"table": name, "system": system, "seed": seed, "seconds": seconds}
+    row["seconds"] = seconds
     row.update(evaluate(table, train, test, syn))
     row["auc_real"] = tstr_auc(table, train, test)
     return row
@@ -378,9 +385,16 @@ def summarise(rows: List[dict]) -> List[str]:
     """Markdown table: mean ± sd over seeds per table and system."""
     lines = ["| table | system | TV1 | TV2 | corr diff | TSTR AUC | valid discrete | seconds |",
              "|---|---|---|---|---|---|---|---|"]
+    lines_after: List[str] = []
     frame = pd.DataFrame(rows)
+    if "timeout" not in frame:
+        frame["timeout"] = False
+    timed_out = frame["timeout"].fillna(False).astype(bool)
+    for (table, system), g in frame[timed_out].groupby(["table", "system"], sort=False):
+        lines_after.append(f"{table}, {system}: {len(g)} run(s) stopped after {g['seconds'].min():.0f} s")
+    frame = frame[~timed_out]
     for (table, system), g in frame.groupby(["table", "system"], sort=False):
-        def ms(col, digits=3):
+        def ms(col, digits=4):
             v = g[col].to_numpy(float)
             sd = v.std(ddof=1) if len(v) > 1 else 0.0
             return f"{v.mean():.{digits}f} ± {sd:.{digits}f}"
@@ -391,7 +405,7 @@ def summarise(rows: List[dict]) -> List[str]:
     reals = frame.groupby("table", sort=False)["auc_real"].mean()
     lines.append("")
     lines.append("Train-on-real AUC: " + ", ".join(f"{t} {v:.3f}" for t, v in reals.items()))
-    return lines
+    return lines + lines_after
 
 
 def parse_args(argv=None):
@@ -401,6 +415,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--dpmm-python", default=DEFAULT_DPMM_PYTHON,
                    help="the Python of an environment with dpmm==0.1.9 (default: .venv-dpmm/bin/python)")
+    p.add_argument("--dpmm-timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop a dpmm run after this long and report it as stopped (default: no limit)")
     p.add_argument("--output-dir", default=os.path.join(HERE, "output"))
     return p.parse_args(argv)
 
@@ -415,7 +431,7 @@ def main(argv=None) -> int:
     for name in args.tables:
         table = TABLES[name]()
         for system, seed in itertools.product(args.systems, args.seeds):
-            row = run_one(name, table, system, seed, args.dpmm_python)
+            row = run_one(name, table, system, seed, args.dpmm_python, args.dpmm_timeout)
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}),
                   flush=True)
             rows.append(row)

@@ -260,6 +260,7 @@ def test_auto_family_follows_the_expected_noise_of_the_one_way_tables():
     assert twin.choose_family(wide, 300, 1.0, 1e-6) == "mixture"
     assert twin.choose_family(wide, 300, math.inf, 1e-6) == "marginal"
     assert twin.choose_family(wide, 10 ** 6, 1.0, 1e-6) == "marginal"
+    assert twin.choose_family(wide, 10, 1.0, 1e-2) == "marginal"  # too few records for the mixture's batches
 
 
 def test_twin_functions_stay_short():

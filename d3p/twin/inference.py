@@ -375,6 +375,10 @@ FAMILIES = ("auto", "marginal", "mixture")
 #: ``family="auto"`` chooses the marginal twin when the expected total-variation
 #: error of its noisy one-way tables is at most this (see :func:`choose_family`).
 MARGINAL_MAX_NOISE_TV = 0.3
+#: ``family="auto"`` chooses the marginal twin for fewer records than this: the
+#: mixture's default Poisson batches (q = 0.5) would overflow their padding for a
+#: neighbouring table too often to be accounted within δ = 1/N².
+MIXTURE_MIN_RECORDS = 20
 
 
 def choose_family(schema: Schema, num_records: int, epsilon: float, delta: float) -> str:
@@ -385,7 +389,8 @@ def choose_family(schema: Schema, num_records: int, epsilon: float, delta: float
     columns, of at most :data:`MARGINAL_MAX_NOISE_TV` (that is, the
     Gaussian noise of the plan's one-way tables, ``sqrt(2/π) σ_j`` per cell,
     summed over a column's cells and halved, over N); else ``"mixture"``
-    (:class:`MixtureModel` fitted with DP-VI). Marginal tables capture the
+    (:class:`MixtureModel` fitted with DP-VI), except with fewer than
+    :data:`MIXTURE_MIN_RECORDS` records. Marginal tables capture the
     dependence between discrete columns that products within a few components
     cannot; where binned tables would be drowned in noise (many continuous
     columns, few records), a mixture shares its noise budget across columns.
@@ -402,7 +407,7 @@ def choose_family(schema: Schema, num_records: int, epsilon: float, delta: float
     num_records = _validate.integer("num_records", num_records, minimum=1)
     plan = plan_marginals(epsilon, delta, len(schema))
     sizes = CellSpace(schema).sizes
-    if math.isinf(plan.rho):
+    if math.isinf(plan.rho) or num_records < MIXTURE_MIN_RECORDS:
         return "marginal"
     shares = one_way_shares(sizes, plan.rho_one_way)
     noise = [0.5 * n * math.sqrt(2 / math.pi) * plan.l2_sensitivity / math.sqrt(2 * r) for n, r in zip(sizes, shares)]
