@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, NamedTuple, Sequence, Tuple
 
-__all__ = ["JunctionTree", "build_junction_tree", "tree_size"]
+__all__ = ["JunctionTree", "build_junction_tree", "maximal_cliques", "tree_size"]
 
 Clique = Tuple[int, ...]
 
@@ -58,25 +58,36 @@ class JunctionTree(NamedTuple):
 
 
 def _eliminate(sizes: Sequence[int], factors: Sequence[Clique]) -> List[Clique]:
-    """Maximal cliques of a greedy elimination (fewest cells in the neighbourhood first)."""
+    """Maximal cliques of a greedy elimination (fewest cells in the neighbourhood first).
+
+    A clique ``{v} ∪ N(v)`` formed when ``v`` is eliminated can only lie inside a
+    clique formed earlier that holds ``v``; it is kept if it does not.
+    """
     neighbours = {v: set() for v in range(len(sizes))}
     for f in factors:
         for a in f:
             neighbours[a].update(b for b in f if b != a)
+
+    def weight(u):
+        return math.prod(sizes[w] for w in neighbours[u]) * sizes[u]
+
+    weights = {v: weight(v) for v in neighbours}
     cliques: List[set] = []
-    remaining = set(neighbours)
-    while remaining:
-        v = min(remaining, key=lambda u: (math.prod(sizes[w] for w in neighbours[u] | {u}), u))
+    holding: Dict[int, List[int]] = {v: [] for v in neighbours}  # earlier cliques that hold a column
+    while weights:
+        v = min(weights, key=lambda u: (weights[u], u))
         clique = neighbours[v] | {v}
-        cliques.append(clique)
+        if not any(clique <= cliques[i] for i in holding[v]):
+            for u in clique:
+                holding[u].append(len(cliques))
+            cliques.append(clique)
         for a in neighbours[v]:
             neighbours[a].update(neighbours[v] - {a})
             neighbours[a].discard(v)
-        remaining.discard(v)
-        del neighbours[v]
-    maximal = [c for i, c in enumerate(cliques)
-               if not any(c < d or (c == d and j < i) for j, d in enumerate(cliques) if j != i)]
-    return [tuple(sorted(c)) for c in maximal]
+        del weights[v], neighbours[v]
+        for a in clique - {v}:
+            weights[a] = weight(a)
+    return [tuple(sorted(c)) for c in cliques]
 
 
 def _spanning_tree(cliques: Sequence[Clique]) -> List[Tuple[int, int]]:
@@ -139,6 +150,11 @@ def build_junction_tree(sizes: Sequence[int], factors: Sequence[Sequence[int]]) 
     return JunctionTree(sizes, tuple(cliques), tuple(parent), tuple(order), separators, host)
 
 
+def maximal_cliques(sizes: Sequence[int], factors: Sequence[Sequence[int]]) -> List[Clique]:
+    """The maximal cliques of the junction tree of ``factors`` (sorted tuples)."""
+    return _eliminate(tuple(sizes), [tuple(sorted(f)) for f in factors])
+
+
 def tree_size(sizes: Sequence[int], factors: Sequence[Sequence[int]]) -> int:
     """The total number of cells of the maximal cliques of the junction tree of ``factors``."""
-    return sum(math.prod(sizes[v] for v in c) for c in _eliminate(tuple(sizes), [tuple(sorted(f)) for f in factors]))
+    return sum(math.prod(sizes[v] for v in c) for c in maximal_cliques(sizes, factors))

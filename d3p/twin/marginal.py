@@ -43,7 +43,7 @@ from d3p.selection import exponential_mechanism
 from d3p.twin.cells import CellSpace
 from d3p.twin.estimation import Measurement, estimate, project
 from d3p.twin.graphical import GraphicalModel, calibrate, marginal, sample
-from d3p.twin.junction import tree_size
+from d3p.twin.junction import maximal_cliques, tree_size
 from d3p.twin.schema import Schema
 
 __all__ = ["MarginalModel", "MarginalPlan", "plan_marginals", "fit_marginals", "one_way_shares", "default_num_rounds",
@@ -218,8 +218,18 @@ def _select(rng_key, cells, sizes, model: GraphicalModel, candidates: List[_Cand
     return candidates[exponential_mechanism(rng_key, scores, sensitivity=plan.l1_sensitivity, epsilon=eps)]
 
 
-def _fits(space: CellSpace, chosen: Sequence[Clique], candidate: _Candidate, max_cells: int) -> bool:
-    return tree_size(space.sizes, list(chosen) + [candidate.clique]) <= max_cells
+def _usable(space: CellSpace, chosen: Sequence[Clique], candidates: List[_Candidate],
+            max_cells: int) -> List[_Candidate]:
+    """The candidates whose table keeps the model's junction tree within ``max_cells``
+    cells (public: the schema and the chosen cliques). A pair inside a clique of the
+    current tree changes nothing; the others are checked once per pair."""
+    current = [set(c) for c in maximal_cliques(space.sizes, list(chosen))]
+    fits = {}
+    for c in candidates:
+        if c.clique not in fits:
+            inside = any(set(c.clique) <= m for m in current)
+            fits[c.clique] = inside or tree_size(space.sizes, list(chosen) + [c.clique]) <= max_cells
+    return [c for c in candidates if fits[c.clique]]
 
 
 def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_key, *,
@@ -261,7 +271,7 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
     chosen: List[Clique] = []
     for t in range(plan.num_rounds):
         k_select, k_measure = d3p.random.split(d3p.random.fold_in(key_rounds, t), 2)
-        usable = [c for c in candidates if _fits(space, chosen, c, max_model_cells)]
+        usable = _usable(space, chosen, candidates, max_model_cells)
         if not usable:
             break
         pick = _select(k_select, cells, sizes, model, usable, plan, num_records)
