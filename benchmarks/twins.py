@@ -242,10 +242,10 @@ def tstr_auc(table: Table, train: pd.DataFrame, test: pd.DataFrame) -> float:
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    y_train = np.asarray(table.target(train)).astype(str)
-    y_test = np.asarray(table.target(test)).astype(str)
+    y_train = np.asarray([str(_value_key(v)) for v in table.target(train)])  # 1, 1.0 and True agree
+    y_test = np.asarray([str(_value_key(v)) for v in table.target(test)])
     classes = np.unique(y_test)
-    if np.unique(y_train).size < 2:
+    if np.unique(y_train).size < 2 or not set(y_train) & set(classes):
         return 0.5
     clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
     clf.fit(_features(train, table), y_train)
