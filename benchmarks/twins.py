@@ -54,7 +54,8 @@ Usage::
     python benchmarks/twins.py --dpmm-python /path/to/python   # dpmm elsewhere
 
 The results are printed as a Markdown table (mean ± sd over seeds) and
-written as JSON to ``--output-dir`` (default ``benchmarks/output/``).
+written as JSON to ``--output-dir`` (default ``benchmarks/output/``), with
+every synthetic table as CSV in its ``synthetic/`` folder.
 """
 
 import argparse
@@ -363,7 +364,7 @@ def dpmm_worker(system: str, seed: int, train_csv: str, spec_json: str, out_csv:
 
 
 def run_one(name: str, table: Table, system: str, seed: int, dpmm_python: str,
-            timeout: Optional[float] = None) -> dict:
+            timeout: Optional[float] = None, save_dir: Optional[str] = None) -> dict:
     train, test = split(table.frame, seed)
     t0 = time.monotonic()
     row = {"table": name, "system": system, "seed": seed}
@@ -376,6 +377,9 @@ def run_one(name: str, table: Table, system: str, seed: int, dpmm_python: str,
             return {**row, "seconds": time.monotonic() - t0, "timeout": True}
     seconds = time.monotonic() - t0
     row["seconds"] = seconds
+    if save_dir is not None:
+        os.makedirs(save_dir, exist_ok=True)
+        syn.to_csv(os.path.join(save_dir, f"{name}_{system}_{seed}.csv"), index=False)
     row.update(evaluate(table, train, test, syn))
     row["auc_real"] = tstr_auc(table, train, test)
     return row
@@ -431,7 +435,8 @@ def main(argv=None) -> int:
     for name in args.tables:
         table = TABLES[name]()
         for system, seed in itertools.product(args.systems, args.seeds):
-            row = run_one(name, table, system, seed, args.dpmm_python, args.dpmm_timeout)
+            row = run_one(name, table, system, seed, args.dpmm_python, args.dpmm_timeout,
+                          os.path.join(args.output_dir, "synthetic"))
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}),
                   flush=True)
             rows.append(row)
