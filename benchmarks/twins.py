@@ -322,7 +322,7 @@ def run_dpmm(system: str, train: pd.DataFrame, discrete: List[str], seed: int, p
     table; ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         paths = [os.path.join(tmp, n) for n in ("train.csv", "spec.json", "synthetic.csv")]
-        train.to_csv(paths[0], index=False)
+        train.to_csv(paths[0], index=False, float_format="%.17g")  # every float read back exactly
         with open(paths[1], "w") as f:
             json.dump(dpmm_spec(train, discrete), f)
         cmd = [python, os.path.abspath(__file__), "--dpmm-worker", system, str(seed), *paths]
@@ -349,6 +349,8 @@ def dpmm_worker(system: str, seed: int, train_csv: str, spec_json: str, out_csv:
         if "levels" in col:
             levels = [v for v in col["levels"]]
             values = train[name].map(lambda v: v if isinstance(v, str) else float(v))
+            if values.isin(levels).sum() != values.notna().sum():
+                raise ValueError(f"column {name!r}: values that are not among its levels")
             train[name] = pd.Categorical(values, categories=levels)
             domain[name] = {"categories": levels}
         else:
@@ -357,7 +359,7 @@ def dpmm_worker(system: str, seed: int, train_csv: str, spec_json: str, out_csv:
     model = cls(epsilon=EPSILON, delta=DELTA, proc_epsilon=None, binner_type="uniform", n_bins=BINS, n_jobs=1)
     model.fit(train, domain, random_state=seed)
     syn = model.generate(n_records=len(train), random_state=seed)
-    pd.DataFrame(syn).to_csv(out_csv, index=False)
+    pd.DataFrame(syn).to_csv(out_csv, index=False, float_format="%.17g")
 
 
 # ------------------------------------------------------------------------------- run
