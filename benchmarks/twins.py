@@ -145,9 +145,40 @@ def load_iris() -> Table:
     return Table(_sklearn("iris"), lambda f: f["target"], ("target",))
 
 
+def load_grunfeld() -> Table:
+    """statsmodels' ``grunfeld`` investment panel (220 × 5); target: ``firm`` (11 classes)."""
+    return Table(_statsmodels("grunfeld"), lambda f: f["firm"], ("firm",))
+
+
+def load_macrodata() -> Table:
+    """statsmodels' ``macrodata`` US quarterly series (203 × 14); target: ``unemp > 6``."""
+    return Table(_statsmodels("macrodata"), lambda f: f["unemp"] > 6, ("unemp",))
+
+
+def load_bayesnet(num_records: int = 4000, num_columns: int = 12, seed: int = 19) -> Table:
+    """A generated table (4,000 × 12) from a fixed random Bayesian network: column j takes
+    2 to 6 integer codes, with up to two parents among the earlier columns and
+    conditional probabilities from Dirichlet(0.5); target: the last column (2 codes)."""
+    rng = np.random.default_rng(seed)
+    levels = [int(k) for k in rng.integers(2, 7, num_columns)]
+    levels[-1] = 2
+    cols = []
+    for j, k in enumerate(levels):
+        parents = sorted(rng.choice(j, size=min(j, 2), replace=False)) if j else []
+        shape = [levels[p] for p in parents] + [k]
+        cpt = rng.dirichlet(np.full(k, 0.5), size=int(np.prod(shape[:-1]))).reshape(shape)
+        probs = cpt[tuple(cols[p] for p in parents)] if parents else np.broadcast_to(cpt, (num_records, k))
+        u = rng.random((num_records, 1))
+        cols.append(np.minimum((u > np.cumsum(probs, axis=-1)).sum(-1), k - 1))
+    frame = pd.DataFrame({f"c{j}": c.astype(np.int64) for j, c in enumerate(cols)})
+    last = frame.columns[-1]
+    return Table(frame, lambda f: f[last], (last,))
+
+
 TABLES = {
     "fair": load_fair, "anes96": load_anes96, "randhie": load_randhie, "modechoice": load_modechoice,
     "breast_cancer": load_breast_cancer, "wine": load_wine, "diabetes": load_diabetes, "iris": load_iris,
+    "grunfeld": load_grunfeld, "macrodata": load_macrodata, "bayesnet": load_bayesnet,
 }
 DEFAULT_TABLES = ["fair", "anes96", "randhie", "breast_cancer", "wine"]
 
