@@ -324,7 +324,7 @@ def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str
         lines.append(f"  privacy   epsilon = {p['epsilon']:.4g} (target {p['target_epsilon']:g}), "
                      f"delta = {p['delta']:.3g}, {p['relation']} relation, {p['sampling']} sampling")
     else:
-        lines.append("  privacy   NONE: epsilon = inf (sigma = 0, non-private fit for comparison)")
+        lines.append("  privacy   NONE: epsilon = inf (no noise: a non-private fit for comparison)")
     if twin.model_spec.get("type") == "marginal":
         lines.append(f"  noise     zCDP rho = {p['rho']:.4g} in {p['num_releases']} releases (Gaussian marginal "
                      f"tables, exponential-mechanism choices), seed: {seed_text}")

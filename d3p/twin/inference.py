@@ -153,7 +153,7 @@ def _encode_float(v):
     return v
 
 
-def _decode_float(v, keys=("epsilon", "target_epsilon")):
+def _decode_float(v, keys=("epsilon", "target_epsilon", "rho")):
     if isinstance(v, dict):
         return {k: (float(x) if k in keys and isinstance(x, str) else _decode_float(x, keys))
                 for k, x in v.items()}
@@ -209,8 +209,9 @@ class TwinResult:
 
     def __repr__(self) -> str:
         p = self.privacy
+        noise = f"rho={p.get('rho')}" if "rho" in p else f"sigma={p.get('sigma')}"
         return (f"TwinResult({len(self.schema)} columns, N={self.num_records}, model={self.model_spec.get('type')}, "
-                f"epsilon={p.get('epsilon')}, delta={p.get('delta')}, sigma={p.get('sigma')})")
+                f"epsilon={p.get('epsilon')}, delta={p.get('delta')}, {noise})")
 
     # ------------------------------------------------------------ generate
 
