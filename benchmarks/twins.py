@@ -360,7 +360,7 @@ def run_dpmm(system: str, train: pd.DataFrame, discrete: List[str], seed: int, p
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"dpmm {system} failed:\n{proc.stderr[-3000:]}")
-        syn = pd.read_csv(paths[2])
+        syn = pd.read_csv(paths[2], float_precision="round_trip")
     for c in train.columns:  # CSV reads numbers back as numbers; keep the real dtypes where they fit
         if pd.api.types.is_bool_dtype(train[c].dtype):
             syn[c] = syn[c].astype(str).str.lower().isin(["true", "1", "1.0"])
@@ -371,7 +371,7 @@ def dpmm_worker(system: str, seed: int, train_csv: str, spec_json: str, out_csv:
     """Runs under dpmm's environment: fit MST or AIM through dpmm's public API, write a synthetic CSV."""
     from dpmm.pipelines import AIMPipeline, MSTPipeline
 
-    train = pd.read_csv(train_csv)
+    train = pd.read_csv(train_csv, float_precision="round_trip")
     with open(spec_json) as f:
         spec = json.load(f)
     domain = {}
