@@ -429,8 +429,8 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     (3) choose the model family (``family="auto"``: :func:`choose_family`,
     from the schema, N, ε and δ) and fit it:
 
-    * ``"marginal"``: noisy one- and two-way marginal tables, the two-way
-      ones chosen privately, and a graphical model fitted to them
+    * ``"marginal"``: noisy one-way and privately chosen two- and three-way
+      marginal tables, and a graphical model fitted to them
       (:mod:`d3p.twin.marginal`; zCDP accounting of the Gaussian and
       exponential mechanisms in one budget, converted to (ε, δ));
     * ``"mixture"``: calibrate σ for (ε, δ, q, T) with the accounting of the

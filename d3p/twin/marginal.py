@@ -10,7 +10,8 @@ synthetic data"), in d3p's own code:
 2. all one-way marginal tables are measured at once with the Gaussian
    mechanism;
 3. for a fixed number of rounds: the exponential mechanism picks the two-way
-   table (of all pairs of columns, each also at a coarser resolution) on which
+   table (of all pairs of columns, each also at a coarser resolution) or the
+   three-way table (of small triples) on which
    the current model errs most, corrected for the expected noise of measuring
    it (AIM's score), and it is measured with the Gaussian mechanism; the model
    is re-fitted to all measurements so far;
@@ -58,6 +59,11 @@ ONE_WAY_SHARE = 0.35
 SELECTION_SHARE = 0.1
 #: A column with more value cells than this is also offered merged into this many groups.
 COARSE_CELLS = 5
+#: Triples of columns are candidates when there are at most this many triples (the
+#: candidates are scored in every round) ...
+MAX_TRIPLES = 500
+#: ... and a triple's table has at most this many cells.
+MAX_TRIPLE_CELLS = 512
 #: The std the estimator assumes for a table measured without noise (ε = inf).
 EXACT_STD = 1.0
 
@@ -179,10 +185,16 @@ class _Candidate(NamedTuple):
 
 
 def _candidates(space: CellSpace) -> List[_Candidate]:
-    """Every pair of columns, and the same pair with large columns merged to
-    :data:`COARSE_CELLS` value cells (public: from the schema)."""
+    """Every pair of columns, the same pair with large columns merged to
+    :data:`COARSE_CELLS` value cells, and, for at most :data:`MAX_TRIPLES` triples
+    in all, every triple of at most :data:`MAX_TRIPLE_CELLS` cells (public: from
+    the schema)."""
     out = []
     sizes = space.sizes
+    triples = list(combinations(range(len(sizes)), 3))
+    if len(triples) <= MAX_TRIPLES:
+        out += [_Candidate(t, (None,) * 3, math.prod(sizes[v] for v in t)) for t in triples
+                if math.prod(sizes[v] for v in t) <= MAX_TRIPLE_CELLS]
     for pair in combinations(range(len(sizes)), 2):
         out.append(_Candidate(pair, (None, None), sizes[pair[0]] * sizes[pair[1]]))
         coarse = tuple(space.coarsening(v, COARSE_CELLS) if space.columns[v].num_values > COARSE_CELLS else None
