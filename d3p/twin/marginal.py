@@ -64,6 +64,9 @@ COARSE_CELLS = 5
 MAX_TRIPLES = 500
 #: ... and a triple's table has at most this many cells.
 MAX_TRIPLE_CELLS = 512
+#: Mirror-descent steps of the estimator after each round (warm-started) and at the end.
+ROUND_ITERATIONS = 100
+FINAL_ITERATIONS = 1000
 #: The std the estimator assumes for a table measured without noise (ε = inf).
 EXACT_STD = 1.0
 
@@ -293,10 +296,10 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
         budget.spend(plan.rho_measure, f"measurement {t}: columns {pick.clique}")
         measurements.append(Measurement(pick.clique, noisy, max(std, EXACT_STD), pick.coarsening))
         chosen.append(pick.clique)
-        model = estimate(sizes, measurements, num_records, init=model, num_iterations=100)
+        model = estimate(sizes, measurements, num_records, init=model, num_iterations=ROUND_ITERATIONS)
         if progress is not None:
             progress(t + 1, plan.num_rounds)
-    model = estimate(sizes, measurements, num_records, init=model, num_iterations=1000)
+    model = estimate(sizes, measurements, num_records, init=model, num_iterations=FINAL_ITERATIONS)
     return model, measurements, budget
 
 
