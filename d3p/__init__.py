@@ -4,7 +4,8 @@ Importing d3p has no side effects: it changes no JAX configuration and
 selects no platform. The submodules are re-exported explicitly below.
 """
 
-from d3p import accounting, discrete, dputil, gmm, gradients, minibatch, modelling, optimizers, random, svi, util
+from d3p import (accounting, discrete, dputil, gmm, gradients, minibatch, modelling, optimizers, random, selection,
+                 svi, util)
 from d3p.svi import DPSVI, DPSVIState
 from d3p.version import VERSION
 
@@ -20,6 +21,7 @@ __all__ = [
     "modelling",
     "optimizers",
     "random",
+    "selection",
     "svi",
     "util",
     "DPSVI",

@@ -6,6 +6,8 @@ Commands:
 * ``sigma``: calibrate the noise multiplier σ for a target (ε, δ).
 * ``epsilon``: ε spent by a run with given (σ, q, T, δ).
 * ``twin``: a private synthetic twin of a CSV file (:mod:`d3p.twin`).
+* ``twin-schema``: the schema ``twin`` would infer for a CSV file, as JSON to
+  edit and pass back with ``twin --schema``.
 * ``audit``: an empirical lower bound on ε (:mod:`d3p.audit`).
 
 Each command is one ``register_<name>(subparsers)`` function that adds its
@@ -31,6 +33,7 @@ __all__ = [
     "register_sigma",
     "register_epsilon",
     "register_twin",
+    "register_twin_schema",
     "register_audit",
 ]
 
@@ -191,6 +194,13 @@ def register_twin(subparsers) -> argparse.ArgumentParser:
     return add_twin_subparser(subparsers)
 
 
+def register_twin_schema(subparsers) -> argparse.ArgumentParser:
+    """``python -m d3p twin-schema``: write the schema a twin would infer, to edit and pass back."""
+    from d3p.twin.cli import add_twin_schema_subparser
+
+    return add_twin_schema_subparser(subparsers)
+
+
 def register_audit(subparsers) -> argparse.ArgumentParser:
     """``python -m d3p audit``: an empirical lower bound on ε (:mod:`d3p.audit`)."""
     from d3p.audit import add_audit_subparser
@@ -199,7 +209,7 @@ def register_audit(subparsers) -> argparse.ArgumentParser:
 
 
 #: Functions that register the subcommands, in the order shown by --help.
-COMMANDS: List[Callable] = [register_sigma, register_epsilon, register_twin, register_audit]
+COMMANDS: List[Callable] = [register_sigma, register_epsilon, register_twin, register_twin_schema, register_audit]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ PUBLIC_MODULES = [
     "d3p.gradients",
     "d3p.discrete",
     "d3p.accounting",
+    "d3p.selection",
     "d3p.dputil",
     "d3p.random",
     "d3p.random.debug",

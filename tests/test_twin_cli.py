@@ -221,3 +221,31 @@ def test_seed_is_any_integer_parsed_exactly(capsys):
     big = 2**70 + 1  # not representable as a float: must not be rounded
     assert parse(["--seed", str(big)]).seed == big and parse(["--seed", "-3"]).seed == -3
     assert "argument --seed: Expected the value to be an integer" in parse_error(["--seed", "1.5"], capsys)
+
+
+def test_twin_schema_writes_the_inferred_schema_to_pass_back(tmp_path, capsys):
+    """``python -m d3p twin-schema`` writes what ``twin`` would infer, naming what was read."""
+    import warnings
+
+    from d3p.__main__ import main as d3p_main
+    from d3p.twin import Schema, SchemaInferenceWarning, infer_schema
+
+    frame = good_frame()
+    inp = write_csv(tmp_path / "in.csv", frame)
+    out = tmp_path / "schema.json"
+    assert d3p_main(["twin-schema", inp, str(out)]) == 0
+    stdout, stderr = capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SchemaInferenceWarning)
+        want = infer_schema(pd.read_csv(inp))
+    assert Schema.load(out) == want
+    assert "read from data" in stdout and "--schema" in stdout and "WARNING" in stderr
+    assert d3p_main(["twin-schema", inp, str(out)]) == EXIT_BAD_INPUT  # no silent overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in.csv", "schema.json"]
+
+
+def test_family_option(capsys):
+    assert parse(["--family", "marginal"]).family == "marginal"
+    assert parse([]).family == "auto"
+    assert "--family" in parse_error(["--family", "graph"], capsys)

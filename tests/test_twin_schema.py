@@ -33,6 +33,8 @@ def mixed_frame(n=200, seed=0):
         "region": pd.Series(region, dtype="str"),
         "grade": pd.Categorical(rng.choice(["lo", "mid", "hi"], n), categories=["lo", "mid", "hi"], ordered=True),
         "income": rng.lognormal(3, 1, n),
+        "spend": np.where(rng.uniform(size=n) < 0.4, 0.0, rng.gamma(2.0, 10.0, n)),
+        "calls": rng.negative_binomial(2, 0.1, n),
     })
 
 
@@ -51,12 +53,14 @@ def test_infer_schema_kinds_and_fields():
         s = infer_schema(df)
     assert s.names == list(df.columns)
     kinds = {c.name: c.kind for c in s.columns}
-    assert kinds == {"age": "real", "visits": "count", "smoker": "boolean", "region": "categorical",
-                     "grade": "categorical", "income": "real"}
+    assert kinds == {"age": "real", "visits": "categorical", "smoker": "boolean", "region": "categorical",
+                     "grade": "categorical", "income": "real", "spend": "real", "calls": "count"}
     assert s["age"].nullable and s["region"].nullable and not s["visits"].nullable
     assert s["region"].levels == ("E", "N", "S")
     assert s["grade"].levels == ("lo", "mid", "hi") and s["grade"].ordered
-    assert s["visits"].distribution == "poisson"
+    # few distinct integers: ordered levels; many: a count; a point mass at the minimum: a hurdle
+    assert s["visits"].levels == tuple(sorted(set(df.visits))) and s["visits"].ordered
+    assert s["calls"].distribution == "negbinomial" and s["spend"].distribution == "hurdle"
     assert s["income"].distribution == "lognormal"  # skewed, non-negative
     assert s["age"].lower == pytest.approx(np.nanmin(df.age)) and s["age"].upper == pytest.approx(np.nanmax(df.age))
     # the warning names what was read
@@ -128,7 +132,7 @@ def test_codes_in_documented_ranges():
             assert set(np.unique(v)) <= set(range(c.num_levels))
         elif c.kind == "boolean":
             assert set(np.unique(v)) <= {0.0, 1.0}
-        elif c.distribution == "poisson":
+        elif c.distribution in ("poisson", "negbinomial"):
             assert v.min() >= 0 and v.max() <= c.upper - c.lower
         else:
             assert v.min() >= -1 - 1e-6 and v.max() <= 1 + 1e-6
@@ -215,7 +219,7 @@ def test_schema_json_errors(tmp_path):
 
 def _small_dist(seed=0):
     df = mixed_frame(seed=seed)
-    s = quiet_infer(df)
+    s = quiet_infer(df, {"columns": [{"name": "visits", "kind": "count", "distribution": "poisson"}]})
     model = MixtureModel(s, 3)
     L = model.layout
     rng = np.random.default_rng(seed)
@@ -229,7 +233,11 @@ def _small_dist(seed=0):
         "scale": jnp.asarray(rng.uniform(0.1, 0.5, (K, len(L.normal))), jnp.float32),
         "rate": jnp.asarray(rng.uniform(0.5, 4, (K, len(L.poisson))), jnp.float32),
         "missing": jnp.asarray(rng.uniform(0.05, 0.3, (K, len(L.missing))), jnp.float32),
+        "hurdle": jnp.asarray(rng.uniform(0.1, 0.7, (K, len(L.hurdle))), jnp.float32),
+        "nb_mean": jnp.asarray(rng.uniform(2, 30, (K, len(L.negbin))), jnp.float32),
+        "nb_concentration": jnp.asarray(rng.uniform(0.5, 5, (K, len(L.negbin))), jnp.float32),
     }
+    assert L.poisson and L.hurdle and L.negbin
     return df, s, model, MixtureOfProducts(L, params), params
 
 
@@ -250,11 +258,19 @@ def test_mixture_log_prob_matches_brute_force():
             for i, j in enumerate(L.bernoulli):
                 lp += stats.bernoulli.logpmf(row[j], p["bernoulli"][k, i])
             for i, j in enumerate(L.normal):  # Normal truncated to the code range [-1, 1]
-                if not np.isnan(row[j]):
-                    loc, sc = float(p["loc"][k, i]), float(p["scale"][k, i])
-                    lp += stats.truncnorm.logpdf(row[j], (-1 - loc) / sc, (1 - loc) / sc, loc, sc)
+                if np.isnan(row[j]):
+                    continue
+                loc, sc = float(p["loc"][k, i]), float(p["scale"][k, i])
+                dens = stats.truncnorm.logpdf(row[j], (-1 - loc) / sc, (1 - loc) / sc, loc, sc)
+                if i in L.hurdle:  # a point mass at the lower bound (code -1)
+                    q = float(p["hurdle"][k, list(L.hurdle).index(i)])
+                    dens = math.log(q) if row[j] == -1 else math.log1p(-q) + dens
+                lp += dens
             for i, j in enumerate(L.poisson):
                 lp += stats.poisson.logpmf(row[j], p["rate"][k, i])
+            for i, j in enumerate(L.negbin):  # mean m, concentration r: scipy's nbinom(r, r / (r + m))
+                m, r = float(p["nb_mean"][k, i]), float(p["nb_concentration"][k, i])
+                lp += stats.nbinom.logpmf(row[j], r, r / (r + m))
             for i, j in enumerate(L.missing):
                 q = float(p["missing"][k, i])
                 lp += math.log(q) if np.isnan(row[j]) else math.log1p(-q)
@@ -408,7 +424,10 @@ def test_numpy_sampler_matches_jax_sampler():
     sites = {"weights": np.asarray(p["weights"])[None],
              "bernoulli": np.asarray(p["bernoulli"])[None], "loc": np.asarray(p["loc"])[None],
              "scale": np.asarray(p["scale"])[None], "missing": np.asarray(p["missing"])[None],
-             "log_rate": np.log(np.asarray(p["rate"]) / model.poisson_scale)[None]}
+             "log_rate": np.log(np.asarray(p["rate"]) / model.poisson_scale)[None],
+             "hurdle": np.asarray(p["hurdle"])[None],
+             "nb_log_mean": np.log(np.asarray(p["nb_mean"]) / model.negbin_scale)[None],
+             "nb_log_concentration": np.log(np.asarray(p["nb_concentration"]))[None]}
     for (j, _, _), probs in zip(layout.categorical, p["categorical"]):
         sites[f"probs_{j}"] = np.asarray(probs)[None]
     xn = mixture_sample_numpy(model, sites, n, np.random.default_rng(0))[0]
@@ -416,7 +435,10 @@ def test_numpy_sampler_matches_jax_sampler():
         a, b = xj[:, j], xn[:, j]
         assert abs(np.isnan(a).mean() - np.isnan(b).mean()) < 0.02, c.name
         a, b = a[~np.isnan(a)], b[~np.isnan(b)]
-        if c.kind in ("categorical", "boolean") or c.distribution == "poisson":
+        if c.distribution == "hurdle":  # the point mass, then the rest
+            assert abs(np.mean(a == -1) - np.mean(b == -1)) < 0.02, c.name
+            a, b = a[a > -1], b[b > -1]
+        if c.kind in ("categorical", "boolean") or c.distribution in ("poisson", "negbinomial"):
             cells = np.union1d(a, b)
             table = np.array([[np.sum(a == v) for v in cells], [np.sum(b == v) for v in cells]])
             assert stats.chi2_contingency(table).pvalue > 1e-4, c.name
@@ -523,3 +545,32 @@ def test_numpy_expit_is_clipped_and_quiet():
     np.testing.assert_allclose(y[2:5], 1.0 / (1.0 + np.exp(-x[2:5])), rtol=1e-15)
     assert y[0] == f32.tiny and y[-1] == 1.0 - f32.eps and y[-2] == 1.0 - f32.eps
     assert np.all((y > 0) & (y < 1))
+
+
+def test_numeric_columns_are_read_by_their_values_and_keep_their_type():
+    """0/1 floats are boolean and come back as 0.0/1.0; few distinct numbers are ordered
+    levels (float or int as in the table); many integers a count of the column's type."""
+    rng = np.random.default_rng(0)
+    n = 120
+    df = pd.DataFrame({
+        "flag": rng.choice([0.0, 1.0], n), "flag_int": rng.choice([0, 1], n),
+        "scale": rng.choice([1.0, 2.0, 3.0, 4.5], n), "coded": rng.choice([3, 7, 9], n),
+        "amount": rng.integers(0, 400, n).astype(float), "x": rng.normal(size=n)})
+    s = quiet_infer(df)
+    assert [s[c].kind for c in df.columns] == ["boolean", "boolean", "categorical", "categorical", "count", "real"]
+    assert [s[c].dtype for c in df.columns] == ["float64", "int64", "float64", "int64", "float64", "float64"]
+    assert s["scale"].ordered and s["scale"].levels == (1.0, 2.0, 3.0, 4.5)
+    assert all("kind" in s[c].inferred for c in df.columns)
+    back = s.decode(s.encode(df))
+    assert list(back.dtypes.astype(str)) == ["float64", "int64", "float64", "int64", "float64", "float64"]
+    assert set(back["flag"]) <= {0.0, 1.0} and set(back["coded"]) <= {3, 7, 9}
+    pd.testing.assert_series_equal(back["scale"], df["scale"])
+
+
+def test_a_point_mass_at_the_minimum_is_a_hurdle_decoded_exactly():
+    x = np.r_[np.zeros(30), np.linspace(0.5, 80.0, 70)]
+    s = quiet_infer(pd.DataFrame({"spend": x}))
+    assert s["spend"].distribution == "hurdle" and "distribution" in s["spend"].inferred
+    codes = s.encode(pd.DataFrame({"spend": x}))
+    assert np.all(codes[:30, 0] == -1.0)
+    assert np.all(s.decode(codes)["spend"].to_numpy()[:30] == 0.0)  # exactly the bound, not 1e-18

@@ -29,7 +29,8 @@ from typing import List, Optional
 
 from d3p import _validate
 
-__all__ = ["add_twin_subparser", "register_twin", "add_twin_arguments", "main_twin", "main", "EXIT_BAD_INPUT"]
+__all__ = ["add_twin_subparser", "register_twin", "add_twin_arguments", "main_twin", "main", "EXIT_BAD_INPUT",
+           "add_twin_schema_subparser", "add_twin_schema_arguments", "main_twin_schema"]
 
 #: Exit status for bad input or arguments.
 EXIT_BAD_INPUT = 2
@@ -76,8 +77,12 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="target delta in (0, 1) (default 1/N^2 for N records)")
     parser.add_argument("--num-synthetic", type=_POSITIVE_INT, default=None, metavar="N",
                         help="number of synthetic records (default: as many as the input)")
+    parser.add_argument("--family", choices=("auto", "marginal", "mixture"), default="auto",
+                        help="model: 'marginal' (noisy marginal tables and a graphical model), 'mixture' "
+                             "(a mixture fitted with DP-VI) or 'auto' (default: marginal if at least half of "
+                             "the columns are categorical or boolean; --components, --steps, --q mean mixture)")
     parser.add_argument("--components", type=_POSITIVE_INT, default=None, metavar="K",
-                        help="mixture components (default: max(3, min(8, N // 1000)))")
+                        help="mixture components (default: max(3, min(8, max(N // 1000, D // 4))))")
     parser.add_argument("--steps", type=_POSITIVE_INT, default=None, metavar="T",
                         help="DP-VI steps (default: 50 epochs, between 200 and 2000)")
     parser.add_argument("--q", type=_Q, default=None,
@@ -259,7 +264,7 @@ def _fit(args, data, schema, key):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SchemaInferenceWarning)  # already reported by _read_inputs
-        return fit(data, args.epsilon, args.delta, rng_key=key, schema=schema,
+        return fit(data, args.epsilon, args.delta, rng_key=key, schema=schema, family=args.family,
                    num_components=args.components, num_steps=args.steps, q=args.q,
                    sampling=args.sampling,
                    clipping_threshold=args.clip or DEFAULT_CLIPPING_THRESHOLD,
@@ -319,11 +324,17 @@ def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str
         lines.append(f"  privacy   epsilon = {p['epsilon']:.4g} (target {p['target_epsilon']:g}), "
                      f"delta = {p['delta']:.3g}, {p['relation']} relation, {p['sampling']} sampling")
     else:
-        lines.append("  privacy   NONE: epsilon = inf (sigma = 0, non-private fit for comparison)")
-    lines.append(f"  noise     sigma = {p['sigma']:.4g}, clipping threshold C = {p['clipping_threshold']:g}, "
-                 f"q = {p['q']:.4g}, steps = {p['num_steps']}, seed: {seed_text}")
-    lines.append(f"  model     {twin.model_spec.get('num_components')}-component mixture, {len(twin.schema)} "
-                 f"columns, {num_records} records (N treated as public)")
+        lines.append("  privacy   NONE: epsilon = inf (no noise: a non-private fit for comparison)")
+    if twin.model_spec.get("type") == "marginal":
+        lines.append(f"  noise     zCDP rho = {p['rho']:.4g} in {p['num_releases']} releases (Gaussian marginal "
+                     f"tables, exponential-mechanism choices), seed: {seed_text}")
+        lines.append(f"  model     graphical model on {p['num_measurements']} noisy marginal tables, "
+                     f"{len(twin.schema)} columns, {num_records} records (N treated as public)")
+    else:
+        lines.append(f"  noise     sigma = {p['sigma']:.4g}, clipping threshold C = {p['clipping_threshold']:g}, "
+                     f"q = {p['q']:.4g}, steps = {p['num_steps']}, seed: {seed_text}")
+        lines.append(f"  model     {twin.model_spec.get('num_components')}-component mixture, {len(twin.schema)} "
+                     f"columns, {num_records} records (N treated as public)")
     lines.append(f"  time      {seconds:.1f} s (fit {twin.fit_info['seconds']:.1f} s)")
     if p["not_covered"]:
         lines.append("  WARNING   read from the data WITHOUT privacy (not covered by epsilon, delta; pass --schema "
@@ -337,6 +348,79 @@ def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str
     if args.save_model:
         lines.append(f"  model     saved -> {args.save_model}")
     return lines
+
+
+# --------------------------------------------------------------- twin-schema
+
+_SCHEMA_DESCRIPTION = (
+    "Write the schema that 'twin' would infer for a CSV table (column kinds, levels, bounds, "
+    "distributions) as JSON. Edit it (replace what was read from the data with public knowledge, "
+    "change a kind or a distribution) and pass it back with 'twin --schema'. Everything in it that "
+    "was read from the data is listed (fields 'inferred') and is NOT covered by a twin's epsilon."
+)
+
+
+def add_twin_schema_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``twin-schema`` command's arguments to ``parser``.
+
+    :param argparse.ArgumentParser parser: the parser.
+    :return: the parser.
+    """
+    parser.add_argument("input", metavar="INPUT.csv", help="the private table (CSV with a header row); only read")
+    parser.add_argument("output", metavar="schema.json", help="where to write the schema")
+    parser.add_argument("--schema", default=None, metavar="schema.json",
+                        help="a partial schema: its fields are kept, the others are inferred")
+    parser.add_argument("--na-values", action="append", default=None, metavar="TEXT",
+                        help="an additional string to read as a missing value (repeatable)")
+    parser.add_argument("--max-levels", type=_POSITIVE_INT, default=None,
+                        help="largest number of levels of a categorical column read from the data (default 50)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    return parser
+
+
+def add_twin_schema_subparser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``twin-schema`` sub-command (defaults ``func=main_twin_schema``
+    and ``command_parser``), as :func:`add_twin_subparser` does for ``twin``.
+
+    :param subparsers: the result of ``parser.add_subparsers()``.
+    :return: the ``twin-schema`` parser.
+    """
+    p = subparsers.add_parser("twin-schema", help="write the schema a twin would infer, to edit and pass back",
+                              description=_SCHEMA_DESCRIPTION)
+    add_twin_schema_arguments(p)
+    p.set_defaults(func=main_twin_schema, command_parser=p)
+    return p
+
+
+def main_twin_schema(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] = None) -> int:
+    """Run the ``twin-schema`` command with parsed arguments.
+
+    :param argparse.Namespace args: from a parser set up by :func:`add_twin_schema_arguments`.
+    :param parser: unused.
+    :return: exit status: 0 on success, 2 on bad input (message on stderr).
+    """
+    from d3p.twin import _io
+    from d3p.twin.schema import TwinInputError
+
+    try:
+        args.report_dir = args.save_model = args.target = None
+        _check_paths(args)
+        data, schema = _read_inputs(args)
+        tmp = _io.temporary_file_for(args.output)
+        try:
+            schema.save(tmp)
+            _io.move_into_place(tmp, args.output)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    except (_BadInput, TwinInputError) as e:
+        return _err(str(e))
+    except (ValueError, TypeError, PermissionError, IsADirectoryError) as e:
+        return _err(str(e))
+    print("\n".join(["d3p twin-schema: inferred schema", *("  " + line for line in schema.summary_lines()),
+                      f"  schema    -> {args.output}  (edit it, then: python -m d3p twin {args.input} OUT.csv "
+                      f"--epsilon E --schema {args.output})"]))
+    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from d3p import _validate
-from d3p.twin.schema import Schema, check_frame
+from d3p.twin.schema import INTEGER_CODE_DISTRIBUTIONS, NUMERIC_MAX_LEVELS, Schema, check_frame
 
 __all__ = [
     "marginal_tv_distances",
@@ -304,8 +304,8 @@ def train_on_synthetic_accuracy(
 
     :param pandas.DataFrame real_test: real records to test on.
     :param pandas.DataFrame synthetic: synthetic records to train on.
-    :param str target: the column to predict (categorical, boolean or
-        integer with at most 50 values).
+    :param str target: the column to predict (categorical, boolean, integer,
+        or numbers with at most 20 distinct values; at most 50 classes).
     :param pandas.DataFrame real_train: real records to train the reference on.
     :param str classifier: ``"logistic"`` (default) or ``"random_forest"``.
     :param int cv: folds for the reference without ``real_train`` (>= 2).
@@ -354,10 +354,11 @@ class _Classification:
 
     def __init__(self, real_test: pd.DataFrame, target: str, classifier: str, random_state: int):
         t = real_test[target]
-        if _is_numeric(t) and not pd.api.types.is_integer_dtype(t.dtype):
+        if (_is_numeric(t) and not pd.api.types.is_integer_dtype(t.dtype)
+                and t.nunique() > NUMERIC_MAX_LEVELS):
             raise ValueError(
-                f"Expected a categorical target, but column {target!r} is continuous ({t.dtype}); "
-                "choose a categorical, boolean or integer column."
+                f"Expected a categorical target, but column {target!r} is continuous ({t.dtype}, more than "
+                f"{NUMERIC_MAX_LEVELS} distinct values); choose a categorical, boolean or integer column."
             )
         if t.nunique() > 50:
             raise ValueError(f"Expected a target with at most 50 classes, column {target!r} has {t.nunique()}.")
@@ -439,10 +440,10 @@ def uniform_baseline(schema: Schema, num_records: int, rng_seed: int = 0, *, bin
             p_missing = 1.0 / 3.0
         elif c.kind == "count":
             vals = rng.integers(int(c.lower), int(c.upper) + 1, n).astype(float)
-            v = vals - c.lower if c.distribution == "poisson" else c._scale(vals)
+            v = vals - c.lower if c.distribution in INTEGER_CODE_DISTRIBUTIONS else c.scale(vals)
             p_missing = 1.0 / (bins + 1)
         else:
-            v = c._scale(rng.uniform(c.lower, c.upper, n))
+            v = c.scale(rng.uniform(c.lower, c.upper, n))
             p_missing = 1.0 / (bins + 1)
         if c.nullable:
             v = np.where(rng.uniform(size=n) < p_missing, np.nan, v)

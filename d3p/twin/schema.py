@@ -70,8 +70,8 @@ KINDS = ("categorical", "boolean", "real", "count")
 DISTRIBUTIONS = {
     "categorical": ("categorical",),
     "boolean": ("bernoulli",),
-    "real": ("normal", "lognormal"),
-    "count": ("poisson", "normal", "lognormal"),
+    "real": ("normal", "lognormal", "hurdle"),
+    "count": ("negbinomial", "poisson", "hurdle", "normal", "lognormal"),
 }
 #: Offset ``c`` of the log transform of ``lognormal`` columns: ``log(u + c)``
 #: for ``u`` in [0, 1], so values at the lower bound stay finite.
@@ -80,8 +80,17 @@ LOG_OFFSET = 0.01
 #: categorical column read from the data.
 DEFAULT_MAX_LEVELS = 50
 #: Counts with a wider range than this are modelled as ``lognormal`` (rounded)
-#: by default instead of ``poisson``.
+#: by default instead of ``negbinomial``.
 POISSON_MAX_RANGE = 100
+#: A numeric column with at most this many distinct values is categorical
+#: (ordered, its values as levels) when its kind is read from the data; one
+#: whose values are 0 and 1 is boolean.
+NUMERIC_MAX_LEVELS = 20
+#: A real or count column with at least this share of its values at its
+#: minimum gets ``distribution="hurdle"`` when that is read from the data.
+HURDLE_MIN_SHARE = 0.1
+#: Distributions whose code is the count above ``lower`` (not a scaled value).
+INTEGER_CODE_DISTRIBUTIONS = ("poisson", "negbinomial")
 
 
 class TwinInputError(ValueError):
@@ -306,27 +315,31 @@ class ColumnSpec:
 
     # ------------------------------------------------------------ encoding
 
-    def _scale(self, x: np.ndarray) -> np.ndarray:
-        """Numeric values (already clipped) to codes in [-1, 1]."""
+    def scale(self, x: np.ndarray) -> np.ndarray:
+        """Numeric values (already clipped) to codes in [-1, 1]: ``2 u - 1`` with
+        ``u = (x - lower) / (upper - lower)``, or for ``lognormal`` and ``hurdle``
+        ``log(u + c)`` mapped affinely onto [-1, 1] (``c`` = :data:`LOG_OFFSET`)."""
         lo, hi = self.lower, self.upper
         if hi == lo:
             return np.zeros_like(x)
         u = (x - lo) / (hi - lo)
-        if self.distribution == "lognormal":
+        if self.distribution in ("lognormal", "hurdle"):
             c = LOG_OFFSET
             t = np.log(u + c)
             return 2.0 * (t - math.log(c)) / (math.log1p(c) - math.log(c)) - 1.0
         return 2.0 * u - 1.0
 
-    def _unscale(self, z: np.ndarray) -> np.ndarray:
+    def scale_inverse(self, z: np.ndarray) -> np.ndarray:
+        """Codes (clipped to [-1, 1]) back to numeric values in ``[lower, upper]``
+        (the inverse of :meth:`scale`)."""
         lo, hi = self.lower, self.upper
         z = np.clip(z, -1.0, 1.0)
         if hi == lo:
             return np.full_like(z, lo)
-        if self.distribution == "lognormal":
+        if self.distribution in ("lognormal", "hurdle"):
             c = LOG_OFFSET
             t = (z + 1.0) / 2.0 * (math.log1p(c) - math.log(c)) + math.log(c)
-            u = np.exp(t) - c
+            u = np.where(z <= -1.0, 0.0, np.exp(t) - c)  # the lower bound exactly
         else:
             u = (z + 1.0) / 2.0
         return np.clip(lo + np.clip(u, 0.0, 1.0) * (hi - lo), lo, hi)
@@ -367,10 +380,10 @@ class ColumnSpec:
                         f"Column {self.name!r} is a count column but holds {int(frac.sum())} "
                         f"non-integer value(s), e.g. {x[frac][0]!r}; declare it as kind 'real'."
                     )
-            if self.kind == "count" and self.distribution == "poisson":
+            if self.kind == "count" and self.distribution in INTEGER_CODE_DISTRIBUTIONS:
                 out[present] = x - self.lower
             else:
-                out[present] = self._scale(x)
+                out[present] = self.scale(x)
         return out
 
     def decode(self, codes: np.ndarray) -> pd.Series:
@@ -411,10 +424,10 @@ class ColumnSpec:
             values[:] = (safe >= 0.5).tolist()
             values[missing] = None
             return _as_dtype(pd.Series(values, name=self.name, dtype=object), self, missing, [False, True])
-        if self.kind == "count" and self.distribution == "poisson":
+        if self.kind == "count" and self.distribution in INTEGER_CODE_DISTRIBUTIONS:
             x = np.clip(np.round(safe) + self.lower, self.lower, self.upper)
         else:
-            x = self._unscale(safe)
+            x = self.scale_inverse(safe)
             if self.kind == "count":
                 x = np.clip(np.round(x), self.lower, self.upper)
         probe = [self.lower, self.upper]
@@ -747,10 +760,8 @@ def _infer_kind(name: str, col: pd.Series) -> Tuple[str, bool]:
         return "categorical", False
     if pd.api.types.is_bool_dtype(dtype):
         return "boolean", False
-    if pd.api.types.is_integer_dtype(dtype):
-        return "count", False
-    if pd.api.types.is_float_dtype(dtype):
-        return "real", False
+    if pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_float_dtype(dtype):
+        return _numeric_kind(name, col.dropna()), True
     if pd.api.types.is_datetime64_any_dtype(dtype) or pd.api.types.is_timedelta64_dtype(dtype):
         raise TwinInputError(
             f"Column {name!r} has dtype {dtype}, which twins do not support; convert it to numbers "
@@ -768,7 +779,7 @@ def _infer_kind(name: str, col: pd.Series) -> Tuple[str, bool]:
     parsed = pd.to_numeric(values, errors="coerce")
     ok = int(parsed.notna().sum())
     if ok == len(values) and ok > 0:
-        return "real", True
+        return _numeric_kind(name, parsed), True
     if ok > 0 and ok >= 0.5 * len(values):
         bad = values[parsed.isna()]
         shown = sorted({str(v) for v in bad.tolist()})[:3]
@@ -779,6 +790,21 @@ def _infer_kind(name: str, col: pd.Series) -> Tuple[str, bool]:
             "schema."
         )
     return "categorical", True
+
+
+def _numeric_kind(name: str, values: pd.Series) -> str:
+    """The kind of a numeric column from its (present) values: ``boolean`` if they
+    are 0 and 1, ``categorical`` with at most :data:`NUMERIC_MAX_LEVELS` distinct
+    values, ``count`` if they are all integers, else ``real``."""
+    x = _numeric_values(name, values)
+    distinct = np.unique(x)
+    if distinct.size == 2 and distinct[0] == 0 and distinct[1] == 1:
+        return "boolean"
+    if distinct.size <= NUMERIC_MAX_LEVELS:
+        return "categorical"
+    if np.all(distinct == np.round(distinct)):
+        return "count"
+    return "real"
 
 
 def _infer_column(spec: ColumnSpec, col: pd.Series, max_levels: int) -> ColumnSpec:
@@ -808,6 +834,8 @@ def _infer_column(spec: ColumnSpec, col: pd.Series, max_levels: int) -> ColumnSp
         kw["levels"], ordered = _infer_levels(name, col, present, max_levels)
         if ordered is not None:
             kw["ordered"] = ordered
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in kw["levels"]):
+            kw["ordered"] = True  # numbers: their order is the levels' order
         inferred.append("levels")
     if kind in ("real", "count") and (spec.lower is None or spec.upper is None):
         x = _numeric_values(name, present)
@@ -853,26 +881,43 @@ def _infer_levels(name: str, col: pd.Series, present: pd.Series, max_levels: int
 
 def _infer_distribution(name: str, kind: str, lower, upper, present: pd.Series) -> Tuple[str, bool]:
     """``(distribution, whether the values were read)``: fixed for categorical and
-    boolean columns, ``poisson`` for counts with a small range; otherwise
-    ``lognormal`` for a non-negative column whose median lies in the lowest tenth
-    of its range, else ``normal``."""
+    boolean columns; ``hurdle`` for a real or count column with at least
+    :data:`HURDLE_MIN_SHARE` of its values at ``lower`` (a point mass there);
+    otherwise ``negbinomial`` for counts with a small range, ``lognormal`` for a
+    non-negative column whose median lies in the lowest tenth of its range,
+    else ``normal``."""
     if kind == "categorical":
         return "categorical", False
     if kind == "boolean":
         return "bernoulli", False
+    if upper == lower:
+        return ("negbinomial" if kind == "count" else "normal"), False
+    x = np.clip(_numeric_values(name, present), lower, upper)
+    if np.mean(x == lower) >= HURDLE_MIN_SHARE:
+        return "hurdle", True
     if kind == "count" and upper - lower <= POISSON_MAX_RANGE:
-        return "poisson", False
-    if not (lower >= 0 and upper > lower):
-        return "normal", False
-    median = float(np.median(np.clip(_numeric_values(name, present), lower, upper)))
-    return ("lognormal" if median - lower < 0.1 * (upper - lower) else "normal"), True
+        return "negbinomial", True
+    if not lower >= 0:
+        return "normal", True
+    return ("lognormal" if float(np.median(x)) - lower < 0.1 * (upper - lower) else "normal"), True
 
 
 def _with_default_dtype(spec: ColumnSpec, col: pd.Series) -> ColumnSpec:
     if spec.dtype is not None:
         return spec
     category = isinstance(col.dtype, pd.CategoricalDtype)
-    return dataclasses.replace(spec, dtype=_default_dtype(spec.kind, spec.levels, category))
+    dtype = _default_dtype(spec.kind, spec.levels, category)
+    if "kind" in spec.inferred and spec.kind in ("boolean", "count") and _is_plain_number(col.dtype):
+        # a kind read from numeric values: the column keeps its type (a 0/1 float
+        # column stays float); it was read from the data, as the kind was
+        dtype = "int64" if pd.api.types.is_integer_dtype(col.dtype) else "float64"
+    return dataclasses.replace(spec, dtype=dtype)
+
+
+def _is_plain_number(dtype) -> bool:
+    """Whether ``dtype`` is a (non-boolean) integer or float dtype."""
+    return ((pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_float_dtype(dtype))
+            and not pd.api.types.is_bool_dtype(dtype))
 
 
 def infer_schema(

@@ -1,0 +1,341 @@
+"""The marginal twin: noisy marginal tables, chosen privately, and a graphical model fitted to them.
+
+Select, measure, generate (the approach of MST and AIM: McKenna, Miklau &
+Sheldon 2021, "Winning the NIST contest"; McKenna, Mullins, Sheldon & Miklau
+2022, "AIM: an adaptive and iterative mechanism for differentially private
+synthetic data"), in d3p's own code:
+
+1. every column is cut into cells (:class:`d3p.twin.cells.CellSpace`, a
+   per-record map from the public schema);
+2. all one-way marginal tables are measured at once with the Gaussian
+   mechanism;
+3. for a fixed number of rounds: the exponential mechanism picks the two-way
+   table (of all pairs of columns, each also at a coarser resolution) or the
+   three-way table (of small triples) on which
+   the current model errs most, corrected for the expected noise of measuring
+   it (AIM's score), and it is measured with the Gaussian mechanism; the model
+   is re-fitted to all measurements so far;
+4. the graphical model (:mod:`d3p.twin.graphical`) whose marginals best
+   explain every measurement (:func:`d3p.twin.estimation.estimate`, the
+   Private-PGM estimator) is the twin; records are drawn from it.
+
+Only steps 2 and 3 read the private data, through :func:`_counts`: the
+Gaussian noise comes from :func:`d3p.gradients.add_gaussian_noise` and the
+choices from :func:`d3p.selection.exponential_mechanism`, both with keys of
+``d3p.random``, and every release is spent from one
+:class:`d3p.accounting.ZCDPBudget`. The schedule (how much ρ goes where, how
+many rounds) depends only on public settings: ε, δ, the schema's cells and
+the number of columns.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import combinations
+from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+import jax.numpy as jnp
+import numpy as np
+
+import d3p.random
+from d3p import _validate, accounting
+from d3p.gradients import add_gaussian_noise
+from d3p.selection import exponential_mechanism
+from d3p.twin.cells import CellSpace
+from d3p.twin.estimation import Measurement, estimate, project
+from d3p.twin.graphical import GraphicalModel, calibrate, marginal, sample
+from d3p.twin.junction import maximal_cliques, tree_size
+from d3p.twin.schema import Schema
+
+__all__ = ["MarginalModel", "MarginalPlan", "plan_marginals", "fit_marginals", "one_way_shares", "default_num_rounds",
+           "DEFAULT_MAX_MODEL_CELLS"]
+
+#: Largest total number of cells of the junction tree's cliques: a candidate
+#: table that would make the model larger is not considered.
+DEFAULT_MAX_MODEL_CELLS = 200_000
+#: Share of ρ for the one-way tables.
+ONE_WAY_SHARE = 0.35
+#: Share of the ρ of each round spent on the selection.
+SELECTION_SHARE = 0.1
+#: A column with more value cells than this is also offered merged into this many groups.
+COARSE_CELLS = 5
+#: Triples of columns are candidates when there are at most this many triples (the
+#: candidates are scored in every round) ...
+MAX_TRIPLES = 500
+#: ... and a triple's table has at most this many cells.
+MAX_TRIPLE_CELLS = 512
+#: Mirror-descent steps of the estimator after each round (warm-started) and at the end.
+ROUND_ITERATIONS = 100
+FINAL_ITERATIONS = 1000
+#: The std the estimator assumes for a table measured without noise (ε = inf).
+EXACT_STD = 1.0
+
+Clique = Tuple[int, ...]
+
+
+class MarginalPlan(NamedTuple):
+    """The public schedule of a marginal twin's releases (no private value)."""
+
+    rho: float            # total zCDP budget (from epsilon, delta)
+    rho_one_way: float    # all one-way tables together
+    num_rounds: int
+    rho_select: float     # per round: the exponential mechanism
+    rho_measure: float    # per round: the Gaussian measurement
+    relation: str
+    l2_sensitivity: float  # of one count table
+    l1_sensitivity: float  # of one count table (the scores' sensitivity)
+
+
+#: The most rounds of :func:`default_num_rounds`.
+MAX_ROUNDS = 30
+
+
+def default_num_rounds(num_columns: int) -> int:
+    """Rounds of selection and measurement for ``D`` columns: ``2 (D - 1)``, twice
+    the edges of a spanning tree, between 1 and :data:`MAX_ROUNDS`."""
+    return min(MAX_ROUNDS, max(1, 2 * (num_columns - 1)))
+
+
+def plan_marginals(epsilon: float, delta: float, num_columns: int, *, relation: str = accounting.ADD_REMOVE,
+                   num_rounds: Optional[int] = None) -> MarginalPlan:
+    """The schedule for a target (ε, δ): ρ from :func:`d3p.accounting.zcdp_rho`, then
+    :data:`ONE_WAY_SHARE` of it for the one-way tables and the rest in equal
+    rounds, each with :data:`SELECTION_SHARE` for the selection.
+
+    :param float epsilon: target ε > 0 (``inf``: no noise, the best candidates).
+    :param float delta: δ in (0, 1).
+    :param int num_columns: D ≥ 1.
+    :param str relation: ``"add_remove"`` (default) or ``"substitute"``.
+    :param int num_rounds: default :func:`default_num_rounds`; 0 with one column.
+    """
+    epsilon = _validate.positive("epsilon", epsilon, finite=False)
+    delta = _validate.open_unit("delta", delta)
+    num_columns = _validate.integer("num_columns", num_columns, minimum=1)
+    relation = accounting.Relation(relation)
+    if num_rounds is None:
+        num_rounds = default_num_rounds(num_columns)
+    num_rounds = 0 if num_columns < 2 else _validate.integer("num_rounds", num_rounds, minimum=0)
+    rho = accounting.zcdp_rho(epsilon, delta)
+    one_way = rho if num_rounds == 0 else ONE_WAY_SHARE * rho
+    per_round = (1.0 - ONE_WAY_SHARE) * rho / num_rounds if num_rounds else 0.0
+    return MarginalPlan(rho, one_way, num_rounds, SELECTION_SHARE * per_round,
+                        (1 - SELECTION_SHARE) * per_round, str(relation),
+                        accounting.count_sensitivity(relation, "l2"), accounting.count_sensitivity(relation, "l1"))
+
+
+# ------------------------------------------------------------------ private steps
+
+
+def _counts(cells: np.ndarray, sizes: Sequence[int], clique: Clique) -> np.ndarray:
+    """The contingency table of ``clique``: every record adds one to one cell (private)."""
+    shape = [sizes[v] for v in clique]
+    flat = np.ravel_multi_index(tuple(cells[:, v] for v in clique), shape)
+    return np.bincount(flat, minlength=math.prod(shape)).reshape(shape).astype(np.float64)
+
+
+def one_way_shares(sizes: Sequence[int], rho: float) -> List[float]:
+    """ρ of each column's one-way table: ∝ cells^(2/3), which minimises the sum
+    of the tables' expected L1 noise (cells × std) for the total ``rho``."""
+    w = np.asarray(sizes, np.float64) ** (2.0 / 3.0)
+    return [rho * float(x) for x in w / w.sum()]
+
+
+def _noise_multiplier(rho: float) -> float:
+    """σ with ρ = 1 / (2σ²) for noise σΔ on a release of sensitivity Δ (0 for ρ = inf)."""
+    return 0.0 if math.isinf(rho) else math.sqrt(1.0 / (2.0 * rho))
+
+
+def _measure(rng_key, tables: List[np.ndarray], shares: Sequence[float], sensitivity: float, length: int):
+    """Tables with Gaussian noise, table ``i`` at ρ ``shares[i]``, in one release.
+
+    The release is ``concat(w_i t_i) + N(0, (σC)²)`` with ``w_i = sqrt(shares[i])``,
+    ``C = Δ sqrt(Σ w_i²)`` (a record is in one cell of each table) and
+    ``σ = 1 / sqrt(2 Σ shares)``: one Gaussian mechanism of ρ = Σ shares, whose
+    noise is drawn by :func:`d3p.gradients.add_gaussian_noise`; dividing by
+    ``w_i`` leaves table ``i`` with noise std ``Δ / sqrt(2 shares[i])``. The vector
+    is padded with zeros to ``length`` (fixed in a fit, so that the noise sampler
+    compiles once); the padding's noise is dropped.
+
+    :return: ``(noisy tables, their noise stds)``.
+    """
+    rho = float(sum(shares))
+    if math.isinf(rho):
+        return [np.asarray(t, np.float64) for t in tables], [0.0] * len(tables)
+    w = np.sqrt(np.asarray(shares, np.float64))
+    flat = np.concatenate([wi * np.ravel(t) for wi, t in zip(w, tables)])
+    padded = np.zeros(max(length, flat.size), np.float32)
+    padded[:flat.size] = flat
+    clip = sensitivity * float(np.sqrt(np.sum(w * w)))
+    noisy = np.asarray(add_gaussian_noise(jnp.asarray(padded), rng_key, _noise_multiplier(rho), clip), np.float64)
+    out, stds, start = [], [], 0
+    for wi, t in zip(w, tables):
+        out.append(noisy[start:start + t.size].reshape(t.shape) / wi)
+        stds.append(_noise_multiplier(rho) * clip / wi)
+        start += t.size
+    return out, stds
+
+
+def _noise_length(space: CellSpace, candidates) -> int:
+    """One length for every release of a fit (public): a power of two >= 256."""
+    longest = max([sum(space.sizes)] + [c.num_cells for c in candidates])
+    return max(256, 1 << int(math.ceil(math.log2(longest))))
+
+
+class _Candidate(NamedTuple):
+    clique: Clique
+    coarsening: Tuple[Optional[np.ndarray], ...]
+    num_cells: int
+
+
+def _candidates(space: CellSpace) -> List[_Candidate]:
+    """Every pair of columns, the same pair with large columns merged to
+    :data:`COARSE_CELLS` value cells, and, for at most :data:`MAX_TRIPLES` triples
+    in all, every triple of at most :data:`MAX_TRIPLE_CELLS` cells (public: from
+    the schema)."""
+    out = []
+    sizes = space.sizes
+    triples = list(combinations(range(len(sizes)), 3))
+    if len(triples) <= MAX_TRIPLES:
+        out += [_Candidate(t, (None,) * 3, math.prod(sizes[v] for v in t)) for t in triples
+                if math.prod(sizes[v] for v in t) <= MAX_TRIPLE_CELLS]
+    for pair in combinations(range(len(sizes)), 2):
+        out.append(_Candidate(pair, (None, None), sizes[pair[0]] * sizes[pair[1]]))
+        coarse = tuple(space.coarsening(v, COARSE_CELLS) if space.columns[v].num_values > COARSE_CELLS else None
+                       for v in pair)
+        if any(m is not None for m in coarse):
+            cells = math.prod(m.shape[0] if m is not None else sizes[v] for m, v in zip(coarse, pair))
+            out.append(_Candidate(pair, coarse, cells))
+    return out
+
+
+def _scores(cells: np.ndarray, sizes: Sequence[int], model: GraphicalModel, candidates: List[_Candidate],
+            std: float, num_records: int) -> List[float]:
+    """AIM's score of each candidate: how wrong the model's table is beyond the expected
+    noise of measuring it, ``‖Q(N μ) − Q(counts)‖₁ − sqrt(2/π) σ n`` for a table of n
+    cells measured with noise σ (private: reads the counts). A record changes a
+    score by at most the L1 sensitivity of one count table (N is public)."""
+    cal = calibrate(model)
+    scores = []
+    for c in candidates:
+        fitted = project(num_records * marginal(cal, c.clique), c.coarsening)
+        true = project(_counts(cells, sizes, c.clique), c.coarsening)
+        scores.append(float(np.abs(fitted - true).sum()) - math.sqrt(2.0 / math.pi) * std * c.num_cells)
+    return scores
+
+
+def _select(rng_key, cells, sizes, model: GraphicalModel, candidates: List[_Candidate], plan: MarginalPlan,
+            num_records: int) -> _Candidate:
+    """AIM's choice: the exponential mechanism on :func:`_scores`, with the L1
+    sensitivity of a count table and ε₀ = sqrt(8 ρ_sel)."""
+    std = _noise_multiplier(plan.rho_measure) * plan.l2_sensitivity
+    scores = _scores(cells, sizes, model, candidates, std, num_records)
+    eps = math.sqrt(8.0 * plan.rho_select) if math.isfinite(plan.rho_select) else math.inf
+    return candidates[exponential_mechanism(rng_key, scores, sensitivity=plan.l1_sensitivity, epsilon=eps)]
+
+
+def _usable(space: CellSpace, chosen: Sequence[Clique], candidates: List[_Candidate],
+            max_cells: int) -> List[_Candidate]:
+    """The candidates whose table keeps the model's junction tree within ``max_cells``
+    cells (public: the schema and the chosen cliques). A pair inside a clique of the
+    current tree changes nothing; the others are checked once per pair."""
+    current = [set(c) for c in maximal_cliques(space.sizes, list(chosen))]
+    fits = {}
+    for c in candidates:
+        if c.clique not in fits:
+            inside = any(set(c.clique) <= m for m in current)
+            fits[c.clique] = inside or tree_size(space.sizes, list(chosen) + [c.clique]) <= max_cells
+    return [c for c in candidates if fits[c.clique]]
+
+
+def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_key, *,
+                  max_model_cells: int = DEFAULT_MAX_MODEL_CELLS, progress=None):
+    """Run the private rounds and fit the model (see the module docstring).
+
+    :param numpy.ndarray cells: the private records as cells ``(N, D)`` (:meth:`CellSpace.cells`).
+    :param CellSpace space: their cells (public).
+    :param MarginalPlan plan: the schedule (public).
+    :param rng_key: a ``d3p.random`` key for the noise and the choices.
+    :param int max_model_cells: see :data:`DEFAULT_MAX_MODEL_CELLS`.
+    :param progress: called with ``(round, num_rounds)`` after each round, or None.
+    :return: ``(model, measurements, budget)``: the fitted :class:`GraphicalModel`, the
+        released measurements and the :class:`d3p.accounting.ZCDPBudget` they were spent from.
+
+    **Formal guarantees.** Under ``plan.relation`` (add/remove: a count table
+    changes by one in one cell, L2 and L1 sensitivity 1; substitute: √2 and
+    2), given the schema (which fixes the cells) and N, the measurements, the
+    choices and hence the model are ``plan.rho``-zCDP: the one-way tables are
+    one Gaussian mechanism of L2 sensitivity √D·Δ₂ (each record is in one
+    cell of each of the D tables) with ρ₁ = ``plan.rho_one_way``; each round
+    is an exponential mechanism on scores of sensitivity Δ₁ (a score is an
+    L1 distance to a count table plus public terms) with ε₀ = √(8 ρ_sel), and
+    a Gaussian mechanism of sensitivity Δ₂ (merging cells keeps one record in
+    one cell) with ρ_meas; composition adds them (the budget checks the
+    total). Everything else reads only these releases and public settings.
+    """
+    num_records, num_columns = cells.shape
+    sizes = space.sizes
+    budget = accounting.ZCDPBudget(plan.rho)
+    key_one_way, key_rounds = d3p.random.split(rng_key, 2)
+    candidates = _candidates(space)
+    length = _noise_length(space, candidates)
+    tables, stds = _measure(key_one_way, [_counts(cells, sizes, (v,)) for v in range(num_columns)],
+                            one_way_shares(sizes, plan.rho_one_way), plan.l2_sensitivity, length)
+    budget.spend(plan.rho_one_way, "one-way marginals")
+    measurements = [Measurement((v,), t, max(s, EXACT_STD), (None,)) for v, (t, s) in enumerate(zip(tables, stds))]
+    model = estimate(sizes, measurements, num_records, num_iterations=200)
+    chosen: List[Clique] = []
+    for t in range(plan.num_rounds):
+        k_select, k_measure = d3p.random.split(d3p.random.fold_in(key_rounds, t), 2)
+        usable = _usable(space, chosen, candidates, max_model_cells)
+        if not usable:
+            break
+        pick = _select(k_select, cells, sizes, model, usable, plan, num_records)
+        budget.spend(plan.rho_select, f"selection {t}")
+        table = project(_counts(cells, sizes, pick.clique), pick.coarsening)
+        (noisy,), (std,) = _measure(k_measure, [table], [plan.rho_measure], plan.l2_sensitivity, length)
+        budget.spend(plan.rho_measure, f"measurement {t}: columns {pick.clique}")
+        measurements.append(Measurement(pick.clique, noisy, max(std, EXACT_STD), pick.coarsening))
+        chosen.append(pick.clique)
+        model = estimate(sizes, measurements, num_records, init=model, num_iterations=ROUND_ITERATIONS)
+        if progress is not None:
+            progress(t + 1, plan.num_rounds)
+    model = estimate(sizes, measurements, num_records, init=model, num_iterations=FINAL_ITERATIONS)
+    return model, measurements, budget
+
+
+class MarginalModel:
+    """A fitted marginal twin: the schema, its cells and the graphical model.
+
+    :param Schema schema: the complete schema.
+    :param CellSpace space: its cells.
+    :param GraphicalModel graph: the fitted model over the cells.
+    """
+
+    def __init__(self, schema: Schema, space: CellSpace, graph: GraphicalModel):
+        self.schema = schema
+        self.space = space
+        self.graph = graph
+        self._calibrated = None
+
+    def description(self) -> dict:
+        """JSON description (with the schema and the parameters, enough to rebuild it)."""
+        return {"type": "marginal", "version": 1, "factors": [list(f) for f in self.graph.factors],
+                **self.space.description()}
+
+    def params(self) -> dict:
+        """The potentials, one array per factor (``theta_<i>``)."""
+        return {f"theta_{i}": np.asarray(p) for i, p in enumerate(self.graph.potentials)}
+
+    @classmethod
+    def from_description(cls, schema: Schema, description: dict, params: dict) -> "MarginalModel":
+        """Inverse of :meth:`description` and :meth:`params`."""
+        space = CellSpace(schema, description["bins"], description["max_integer_cells"])
+        factors = tuple(tuple(int(v) for v in f) for f in description["factors"])
+        potentials = tuple(np.asarray(params[f"theta_{i}"], np.float64) for i in range(len(factors)))
+        return cls(schema, space, GraphicalModel(space.sizes, factors, potentials))
+
+    def generate_codes(self, num_records: int, rng: np.random.Generator) -> np.ndarray:
+        """Synthetic records as codes ``(n, D)`` of the schema (post-processing)."""
+        if self._calibrated is None:
+            self._calibrated = calibrate(self.graph)
+        return self.space.codes(sample(self._calibrated, num_records, rng), rng)

@@ -1,0 +1,277 @@
+"""The marginal twin (d3p.twin.marginal): what it releases moves by at most the
+stated sensitivity between neighbouring tables, its noise and choices are the
+ones accounted, and the budget it reports is the one it spent."""
+
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+import d3p.random
+import d3p.twin as twin
+from d3p import accounting
+from d3p.twin import marginal as M
+from d3p.twin.cells import CellSpace
+from d3p.twin.graphical import calibrate, marginal
+
+PUBLIC = {"columns": [
+    {"name": "c", "kind": "categorical", "levels": ["a", "b", "c"], "nullable": True},
+    {"name": "b", "kind": "boolean", "nullable": False},
+    {"name": "k", "kind": "count", "lower": 0, "upper": 9, "nullable": False, "distribution": "negbinomial"},
+    {"name": "w", "kind": "count", "lower": 0, "upper": 500, "nullable": False, "distribution": "hurdle"},
+    {"name": "r", "kind": "real", "lower": 0.0, "upper": 10.0, "nullable": True, "distribution": "hurdle"},
+]}
+
+
+def table(n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    c = pd.Series(rng.choice(["a", "b", "c"], n), dtype=object)
+    c[rng.uniform(size=n) < 0.1] = None
+    r = np.where(rng.uniform(size=n) < 0.3, 0.0, rng.uniform(0, 10, n))
+    r[rng.uniform(size=n) < 0.1] = np.nan
+    return pd.DataFrame({"c": c, "b": rng.uniform(size=n) < 0.4, "k": rng.poisson(3, n).clip(0, 9),
+                         "w": np.where(rng.uniform(size=n) < 0.5, 0, rng.integers(1, 501, n)), "r": r})
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("error")  # nothing read from the data
+    SCHEMA = twin.infer_schema(table(), PUBLIC)
+
+EXTREMES = [
+    {"c": None, "b": True, "k": 9, "w": 500, "r": np.nan},
+    {"c": "c", "b": False, "k": 0, "w": 0, "r": 0.0},
+    {"c": "a", "b": True, "k": 9, "w": 499, "r": 10.0},
+    {"c": "b", "b": False, "k": 4, "w": 1, "r": 1e9},  # clipped to the bound by the encoding
+]
+
+
+def cells_of(frame):
+    space = CellSpace(SCHEMA)
+    return space, space.cells(SCHEMA.encode(frame))
+
+
+def neighbours(extreme):
+    """(D, D with one record added, D with record 0 replaced)."""
+    base = table()
+    row = pd.DataFrame([extreme]).astype({"b": bool})
+    added = pd.concat([base, row], ignore_index=True)
+    replaced = pd.concat([row, base.iloc[1:]], ignore_index=True)
+    return base, added, replaced
+
+
+def released_tables(cells, space):
+    """Every count table the mechanism can release: the one-way tables and every candidate."""
+    sizes = space.sizes
+    out = {("one-way", v): M._counts(cells, sizes, (v,)) for v in range(len(sizes))}
+    for i, cand in enumerate(M._candidates(space)):
+        out[("pair", i)] = M.project(M._counts(cells, sizes, cand.clique), cand.coarsening)
+    return out
+
+
+@pytest.mark.parametrize("extreme", EXTREMES)
+def test_count_tables_move_by_at_most_their_sensitivity(extreme):
+    """Add/remove: every table by L2 and L1 at most 1, all one-way tables together by
+    L2 at most √D; substitute: √2 and 2. The stated sensitivities of the plan."""
+    base, added, replaced = neighbours(extreme)
+    space, c0 = cells_of(base)
+    plans = {"add": M.plan_marginals(1.0, 1e-6, 5), "sub": M.plan_marginals(1.0, 1e-6, 5, relation="substitute")}
+    t0 = released_tables(c0, space)
+    for kind, other in (("add", added), ("sub", replaced)):
+        t1 = released_tables(cells_of(other)[1], space)
+        one_way = 0.0
+        for name, a in t0.items():
+            diff = (t1[name] - a).ravel()
+            assert np.linalg.norm(diff) <= plans[kind].l2_sensitivity + 1e-12, name
+            assert np.abs(diff).sum() <= plans[kind].l1_sensitivity + 1e-12, name
+            if name[0] == "one-way":
+                one_way += float(diff @ diff)
+        assert math.sqrt(one_way) <= plans[kind].l2_sensitivity * math.sqrt(5) + 1e-12
+
+
+@pytest.mark.parametrize("extreme", EXTREMES[:2])
+def test_selection_scores_move_by_at_most_the_l1_sensitivity(extreme):
+    base, added, replaced = neighbours(extreme)
+    space, c0 = cells_of(base)
+    model = M.estimate(space.sizes, [M.Measurement((v,), M._counts(c0, space.sizes, (v,)), 5.0, (None,))
+                                     for v in range(5)], len(base), num_iterations=20)
+    cands = M._candidates(space)
+    s0 = np.array(M._scores(c0, space.sizes, model, cands, 3.0, len(base)))
+    for other, sens in ((added, 1.0), (replaced, 2.0)):
+        s1 = np.array(M._scores(cells_of(other)[1], space.sizes, model, cands, 3.0, len(base)))
+        assert np.max(np.abs(s1 - s0)) <= sens + 1e-9
+
+
+@pytest.fixture(scope="module")
+def spied_fit():
+    """One private fit with the noise and the choices recorded."""
+    import d3p.twin.marginal as marginal_module
+
+    calls = {"noise": [], "select": []}
+    real_noise, real_select = marginal_module.add_gaussian_noise, marginal_module.exponential_mechanism
+
+    def noise(x, key, dp_scale, clipping_threshold, *a, **k):
+        calls["noise"].append((float(dp_scale), float(clipping_threshold)))
+        return real_noise(x, key, dp_scale, clipping_threshold, *a, **k)
+
+    def select(key, scores, *, sensitivity, epsilon, **k):
+        calls["select"].append((float(epsilon), float(sensitivity)))
+        return real_select(key, scores, sensitivity=sensitivity, epsilon=epsilon, **k)
+
+    marginal_module.add_gaussian_noise, marginal_module.exponential_mechanism = noise, select
+    try:
+        frame = table(2000, seed=1)
+        space, cells = cells_of(frame)
+        plan = M.plan_marginals(0.5, 1e-6, 5, num_rounds=8)
+        model, measurements, budget = M.fit_marginals(cells, space, plan, d3p.random.PRNGKey(5))
+    finally:
+        marginal_module.add_gaussian_noise, marginal_module.exponential_mechanism = real_noise, real_select
+    return dict(calls=calls, cells=cells, space=space, plan=plan, model=model, measurements=measurements,
+                budget=budget)
+
+
+def test_every_release_is_spent_and_the_total_is_the_target(spied_fit):
+    plan, budget, calls = spied_fit["plan"], spied_fit["budget"], spied_fit["calls"]
+    noise_rho = sum(accounting.gaussian_rho(c, s * c) for s, c in calls["noise"])
+    select_rho = sum(accounting.exponential_rho(e) for e, _ in calls["select"])
+    assert noise_rho + select_rho == pytest.approx(budget.spent, rel=1e-9)
+    assert budget.spent == pytest.approx(plan.rho, rel=1e-9)
+    assert accounting.zcdp_epsilon(budget.spent, 1e-6) <= 0.5
+    one_way, *rounds = calls["noise"]
+    assert one_way[1] == pytest.approx(plan.l2_sensitivity * math.sqrt(plan.rho_one_way))  # C = Δ sqrt(Σ w²)
+    assert all(c == pytest.approx(plan.l2_sensitivity * math.sqrt(plan.rho_measure)) for _, c in rounds)
+    assert all(s == plan.l1_sensitivity for _, s in calls["select"])
+    assert len(calls["select"]) == plan.num_rounds and len(calls["noise"]) == 1 + plan.num_rounds
+
+
+def test_released_tables_carry_the_accounted_noise(spied_fit):
+    """The noise stds of the released tables compose to the ρ of the noise draws, and the
+    residuals around the true counts are of that size."""
+    cells, space, plan = spied_fit["cells"], spied_fit["space"], spied_fit["plan"]
+    drawn = sum(accounting.gaussian_rho(c, s * c) for s, c in spied_fit["calls"]["noise"])
+    released = sum(accounting.gaussian_rho(plan.l2_sensitivity, m.std) for m in spied_fit["measurements"])
+    assert released == pytest.approx(drawn, rel=1e-6)
+    z = np.concatenate([((m.values - M.project(M._counts(cells, space.sizes, m.clique), m.coarsening)) / m.std)
+                        .ravel() for m in spied_fit["measurements"]])
+    assert 0.8 < np.std(z) < 1.25 and abs(np.mean(z)) < 0.25
+
+
+def test_measurement_noise_has_the_std_of_its_rho():
+    """The measurement step adds N(0, Δ²/(2ρ_i)) to table i, one release of ρ = Σρ_i: a KS
+    test accepts it and rejects 2/3 and 3/2 of that std."""
+    tables = [np.zeros(1500), np.full((7, 9), 5.0), np.arange(300.0)]
+    shares, sens = [0.01, 0.002, 0.03], math.sqrt(2)
+    noisy, stds = M._measure(d3p.random.PRNGKey(11), tables, shares, sens, 2048)
+    for std, share in zip(stds, shares):
+        assert accounting.gaussian_rho(sens, std) == pytest.approx(share)
+    z = np.concatenate([(n - t).ravel() / std for n, t, std in zip(noisy, tables, stds)])
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    for wrong in (2 / 3, 3 / 2):
+        assert stats.kstest(z / wrong, "norm").pvalue < 1e-6
+
+
+def test_fit_reports_the_budget_and_round_trips(tmp_path):
+    frame = table(400, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", twin.SchemaInferenceWarning)
+        tw = twin.fit(frame, 1.0, 1e-6, rng_key=d3p.random.PRNGKey(0), schema=SCHEMA, family="marginal",
+                      progress_bar=False)
+    assert tw.model_spec["type"] == "marginal"
+    p = tw.privacy
+    assert p["epsilon"] <= 1.0 and p["delta"] == 1e-6 and p["relation"] == "add_remove"
+    assert p["rho"] == pytest.approx(accounting.zcdp_rho(1.0, 1e-6))
+    syn = tw.generate(500, rng_key=3)
+    assert list(syn.columns) == list(frame.columns) and list(syn.dtypes.astype(str)) == \
+        [c.output_dtype for c in SCHEMA.columns]
+    assert set(syn["c"].dropna()) <= {"a", "b", "c"} and syn["k"].between(0, 9).all()
+    assert syn["w"].between(0, 500).all() and (syn["w"] == syn["w"].round()).all()
+    assert (syn["r"] == 0).mean() > 0.1  # the hurdle: a point mass at the lower bound
+    tw.save(tmp_path / "t")
+    again = twin.load(tmp_path / "t").generate(500, rng_key=3)
+    pd.testing.assert_frame_equal(syn, again)
+
+
+def test_substitute_relation_and_no_privacy():
+    frame = table(200, seed=3)
+    tw = twin.fit(frame, 1.0, rng_key=0, schema=SCHEMA, family="marginal", sampling="fixed", progress_bar=False)
+    assert tw.privacy["relation"] == "substitute" and tw.privacy["epsilon"] <= 1.0
+    tw = twin.fit(frame, math.inf, rng_key=0, schema=SCHEMA, family="marginal", progress_bar=False)
+    assert tw.privacy["private"] is False
+
+
+def test_graphical_model_marginals_match_brute_force():
+    """Exact inference on a model with a cycle (a-b, b-c, a-c) and a chain (c-d)."""
+    rng = np.random.default_rng(0)
+    sizes = (2, 3, 2, 4)
+    factors = ((0, 1), (1, 2), (0, 2), (2, 3))
+    pots = tuple(rng.normal(size=[sizes[v] for v in f]) for f in factors)
+    model = M.GraphicalModel(sizes, factors, pots)
+    joint = np.zeros(sizes)
+    for f, t in zip(factors, pots):
+        shape = [sizes[v] if v in f else 1 for v in range(4)]
+        joint = joint + t.reshape(shape)
+    joint = np.exp(joint - joint.max())
+    joint /= joint.sum()
+    cal = calibrate(model)
+    for query in [(0,), (1, 3), (0, 3), (0, 1, 2), (1, 2, 3)]:
+        other = tuple(v for v in range(4) if v not in query)
+        assert np.allclose(marginal(cal, query), joint.sum(axis=other), atol=1e-12), query
+
+
+def test_estimate_recovers_exact_measurements_and_sampling_follows_the_model():
+    frame = table(3000, seed=4)
+    space, cells = cells_of(frame)
+    cliques = [(v,) for v in range(5)] + [(0, 1), (1, 2), (2, 4)]
+    ms = [M.Measurement(c, M._counts(cells, space.sizes, c), 1.0, (None,) * len(c)) for c in cliques]
+    model = M.estimate(space.sizes, ms, len(frame), num_iterations=400)
+    cal = calibrate(model)
+    for m in ms:
+        assert np.abs(marginal(cal, m.clique) * len(frame) - m.values).max() < 2.0, m.clique
+    drawn = M.sample(cal, 3000, np.random.default_rng(0))
+    for c in cliques:
+        assert np.abs(M._counts(drawn, space.sizes, c) - marginal(cal, c) * 3000).max() < 40, c
+
+
+def test_cells_round_trip_and_stay_in_bounds():
+    space, cells = cells_of(table(500))
+    codes = space.codes(cells, np.random.default_rng(0))
+    assert np.array_equal(space.cells(codes), cells)
+    decoded = SCHEMA.decode(codes)
+    assert decoded["r"].dropna().between(0, 10).all() and decoded["w"].between(0, 500).all()
+    assert space.sizes == (4, 2, 10, 21, 22)
+
+
+def test_plan_depends_on_public_settings_only():
+    a = M.plan_marginals(1.0, 1e-6, 7)
+    assert a.rho_one_way + a.num_rounds * (a.rho_select + a.rho_measure) == pytest.approx(a.rho)
+    assert M.plan_marginals(1.0, 1e-6, 1).num_rounds == 0
+    with pytest.raises(ValueError, match="epsilon"):
+        M.plan_marginals(0.0, 1e-6, 3)
+
+
+def test_auto_family_follows_the_expected_noise_of_the_one_way_tables():
+    """Public settings only: many records of discrete columns give the marginal twin;
+    a few records of many continuous columns the mixture; no noise the marginal twin."""
+    wide = twin.Schema(tuple(twin.ColumnSpec(f"x{i}", "real", "float64", False, lower=0.0, upper=1.0,
+                                             distribution="normal") for i in range(20)))
+    assert twin.choose_family(SCHEMA, 5000, 1.0, 1e-6) == "marginal"
+    assert twin.choose_family(wide, 300, 1.0, 1e-6) == "mixture"
+    assert twin.choose_family(wide, 300, math.inf, 1e-6) == "marginal"
+    assert twin.choose_family(wide, 10 ** 6, 1.0, 1e-6) == "marginal"
+    assert twin.choose_family(wide, 10, 1.0, 1e-2) == "marginal"  # too few records for the mixture's batches
+
+
+def test_twin_functions_stay_short():
+    """No function of d3p.twin or d3p.selection is longer than 80 lines."""
+    import ast
+    import pathlib
+
+    import d3p.selection
+
+    package = pathlib.Path(twin.__file__).parent
+    for path in [*package.glob("*.py"), pathlib.Path(d3p.selection.__file__)]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno - node.lineno + 1 <= 80, f"{path.name}: {node.name}"
