@@ -63,6 +63,14 @@ def _seed(text: str) -> int:
         return _INTEGER(text)
 
 
+def _add_reading_options(parser):
+    """The options of how the input table is read, shared by ``twin`` and ``twin-schema``."""
+    parser.add_argument("--na-values", action="append", default=None, metavar="TEXT",
+                        help="an additional string to read as a missing value (repeatable)")
+    parser.add_argument("--max-levels", type=_POSITIVE_INT, default=None,
+                        help="largest number of levels of a categorical column read from the data (default 50)")
+
+
 def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``twin`` command's arguments to ``parser``.
 
@@ -105,10 +113,7 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="column for the train-on-synthetic / test-on-real accuracy in the report")
     parser.add_argument("--save-model", default=None, metavar="DIR",
                         help="save the fitted twin (parameters, schema, privacy record; no records)")
-    parser.add_argument("--na-values", action="append", default=None, metavar="TEXT",
-                        help="an additional string to read as a missing value (repeatable)")
-    parser.add_argument("--max-levels", type=_POSITIVE_INT, default=None,
-                        help="largest number of levels of a categorical column read from the data (default 50)")
+    _add_reading_options(parser)
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files/directories")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -370,10 +375,7 @@ def add_twin_schema_arguments(parser: argparse.ArgumentParser) -> argparse.Argum
     parser.add_argument("output", metavar="schema.json", help="where to write the schema")
     parser.add_argument("--schema", default=None, metavar="schema.json",
                         help="a partial schema: its fields are kept, the others are inferred")
-    parser.add_argument("--na-values", action="append", default=None, metavar="TEXT",
-                        help="an additional string to read as a missing value (repeatable)")
-    parser.add_argument("--max-levels", type=_POSITIVE_INT, default=None,
-                        help="largest number of levels of a categorical column read from the data (default 50)")
+    _add_reading_options(parser)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     return parser
 
