@@ -105,6 +105,14 @@ def _sklearn(name: str) -> pd.DataFrame:
     return getattr(sklearn.datasets, f"load_{name}")(as_frame=True).frame
 
 
+def _round_trip_floats() -> dict:
+    """``read_csv`` options that read floats back exactly: pandas before 3.1
+    needs ``float_precision="round_trip"``; 3.1 deprecates it, every converter
+    being exact."""
+    major, minor = (int(p) for p in pd.__version__.split(".")[:2])
+    return {} if (major, minor) >= (3, 1) else {"float_precision": "round_trip"}
+
+
 def load_fair() -> Table:
     """statsmodels' ``fair`` survey (6,366 × 9); target: ``affairs > 0``."""
     return Table(_statsmodels("fair"), lambda f: f["affairs"] > 0, ("affairs",))
@@ -383,7 +391,7 @@ def run_dpmm(system: str, train: pd.DataFrame, discrete: List[str], seed: int, p
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"dpmm {system} failed:\n{proc.stderr[-3000:]}")
-        syn = pd.read_csv(paths[2], float_precision="round_trip")
+        syn = pd.read_csv(paths[2], **_round_trip_floats())
     for c in train.columns:  # CSV reads numbers back as numbers; keep the real dtypes where they fit
         if pd.api.types.is_bool_dtype(train[c].dtype):
             syn[c] = syn[c].astype(str).str.lower().isin(["true", "1", "1.0"])
