@@ -840,7 +840,10 @@ def clipped_grad_sum(
     cause in the sum over the batch (``gamma(depth)`` times their magnitudes,
     for any order of summation, ``depth`` the additions an entry passes
     through: chunk size, rows and chunks, and ``num_shards - 1`` for adding up
-    the partial sums in any order or tree) is at most ``C``. This holds by
+    the partial sums in any order or tree; with several shards never less
+    than the depth of all ``num_shards`` shards' records summed on one
+    device, so that a sharded sum clips as the one-device sum does) is at
+    most ``C``. This holds by
     construction, not by testing (see "Why the clipping bound holds" in the
     module documentation).
 
