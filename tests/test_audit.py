@@ -344,6 +344,7 @@ def test_choices_are_case_insensitive_and_reported_canonically():
     assert res.scores_in.shape == (20,)  # the final parameter, not every step
 
 
+@pytest.mark.slow
 def test_dpsvi_projections_do_not_depend_on_chunking():
     """Run i draws from fold_in(rng_key, i) only, for both DPSVI mechanisms."""
     for fn, kwargs in [

@@ -106,7 +106,8 @@ def _guide(xs, N):
     numpyro.sample("s", dist.Gamma(a, 2.0))
 
 
-@pytest.mark.parametrize("strategy", ["vmap", "chunked", "ghost"])
+@pytest.mark.parametrize("strategy", ["vmap", pytest.param("chunked", marks=pytest.mark.slow),
+                                      pytest.param("ghost", marks=pytest.mark.slow)])
 def test_dpsvi_step_unchanged(monkeypatch, strategy):
     """A private step computes exactly what it computes with JAX's own
     Threefry lowering: same Monte Carlo draws, same parameters and loss."""

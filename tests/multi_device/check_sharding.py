@@ -171,7 +171,8 @@ def reference_run(name, sampling, strategy="auto"):
     return run_params(name, None, sampling, strategy)[0]
 
 
-@pytest.mark.parametrize("num_devices, sampling", [(2, "poisson"), (4, "fixed"), (8, "poisson")])
+@pytest.mark.parametrize("num_devices, sampling", [(2, "poisson"), (4, "fixed"),
+                                                   pytest.param(8, "poisson", marks=pytest.mark.slow)])
 def test_run_equals_one_device(num_devices, sampling):
     got, result = run_params("logreg", mesh_of(num_devices), sampling)
     assert rel_diff(got, reference_run("logreg", sampling)) <= 1e-5
@@ -262,7 +263,7 @@ def test_adversarial_records_contribute_at_most_C_sharded(strategy):
         _check_bound(names, alone, flat(total(jnp.ones(B, bool), C32)), removed, C, rows=2)
 
 
-@pytest.mark.parametrize("name, B", [("logreg", 256), ("hlogreg", 100),
+@pytest.mark.parametrize("name, B", [("logreg", 256), pytest.param("hlogreg", 100, marks=pytest.mark.slow),
                                      pytest.param("vae", 128, marks=pytest.mark.slow)])
 def test_paper_batch_sizes_equal_one_device(name, B):
     """At the paper's batch sizes (where a margin that depended on the number
