@@ -52,6 +52,7 @@ Usage::
     python benchmarks/twins.py                           # all tables, 3 seeds, all systems (hours)
     python benchmarks/twins.py --tables fair anes96 --systems d3p mst
     python benchmarks/twins.py --dpmm-python /path/to/python   # dpmm elsewhere
+    python benchmarks/twins.py --systems d3p --d3p-rare-cell-stds=-inf  # no rare-cell merging
 
 The results are printed as a Markdown table (mean ± sd over seeds) and
 written as JSON to ``--output-dir`` (default ``benchmarks/output/``), with
@@ -486,6 +487,9 @@ def parse_args(argv=None):
     p.add_argument("--dpmm-timeout", type=float, default=None, metavar="SECONDS",
                    help="stop a dpmm run after this long and report it as stopped (default: no limit)")
     p.add_argument("--output-dir", default=os.path.join(HERE, "output"))
+    p.add_argument("--d3p-rare-cell-stds", type=float, default=None, metavar="K",
+                   help="the marginal twin merges the cells whose noisy one-way count is below K noise stds "
+                        "(default: d3p's RARE_CELL_STDS; -inf merges nothing, for a comparison)")
     return p.parse_args(argv)
 
 
@@ -495,6 +499,10 @@ def main(argv=None) -> int:
         dpmm_worker(argv[1], int(argv[2]), *argv[3:6])
         return 0
     args = parse_args(argv)
+    if args.d3p_rare_cell_stds is not None:
+        import d3p.twin.marginal
+
+        d3p.twin.marginal.RARE_CELL_STDS = args.d3p_rare_cell_stds
     rows = []
     for name in args.tables:
         table = TABLES[name]()

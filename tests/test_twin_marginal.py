@@ -62,12 +62,29 @@ def neighbours(extreme):
     return base, added, replaced
 
 
+def rare_mergings(space):
+    """Mergings of rare cells as a released one-way table can set them: here every cell
+    below half of its column's largest count is rare."""
+    _, c0 = cells_of(table())
+    out = []
+    for v, size in enumerate(space.sizes):
+        counts = M._counts(c0, space.sizes, (v,))
+        out.append(M.rare_cell_merging(counts, counts.max() / 6.0))
+    assert sum(m is not None for m in out) >= 2
+    return out
+
+
 def released_tables(cells, space):
-    """Every count table the mechanism can release: the one-way tables and every candidate."""
+    """Every count table the mechanism can release: the one-way tables and every candidate,
+    at the schema's cells and with rare cells merged."""
     sizes = space.sizes
     out = {("one-way", v): M._counts(cells, sizes, (v,)) for v in range(len(sizes))}
-    for i, cand in enumerate(M._candidates(space)):
-        out[("pair", i)] = M.project(M._counts(cells, sizes, cand.clique), cand.coarsening)
+    candidates = M._candidates(space)
+    merged = M._merged_candidates(candidates, sizes, rare_mergings(space))
+    assert any(a.num_cells < b.num_cells for a, b in zip(merged, candidates))
+    for kind, cands in (("pair", candidates), ("merged", merged)):
+        for i, cand in enumerate(cands):
+            out[(kind, i)] = M.project(M._counts(cells, sizes, cand.clique), cand.coarsening)
     return out
 
 
@@ -130,6 +147,50 @@ def spied_fit():
         marginal_module.add_gaussian_noise, marginal_module.exponential_mechanism = real_noise, real_select
     return dict(calls=calls, cells=cells, space=space, plan=plan, model=model, measurements=measurements,
                 budget=budget)
+
+
+def test_rare_cell_merging_merges_the_cells_below_three_stds():
+    """Cells whose noisy count is below 3 std go into one row; every cell is in exactly one
+    row (a record stays in one cell); nothing is merged with fewer than two rare cells or
+    when all are rare."""
+    noisy = np.array([100.0, 5.0, -3.0, 59.0, 200.0, 61.0])
+    m = M.rare_cell_merging(noisy, 20.0)
+    expected = np.array([[1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1], [0, 1, 1, 1, 0, 0]])
+    assert np.array_equal(m, expected)
+    assert np.array_equal(m.sum(axis=0), np.ones(6))
+    assert M.rare_cell_merging(np.array([100.0, 5.0, 200.0]), 20.0) is None
+    assert M.rare_cell_merging(np.array([1.0, 5.0, 2.0]), 20.0) is None
+    assert M.rare_cell_merging(np.array([0.0, 0.0, 9.0]), 0.0) is None  # no noise: nothing is rare
+
+
+def test_rare_cells_are_merged_as_the_released_one_way_tables_say(monkeypatch):
+    """The merging is read from the released (noisy) one-way tables and their std, not from
+    the data, and the tables measured afterwards use it."""
+    seen = []
+    real = M.rare_cell_merging
+
+    def spy(noisy, std, *a, **k):
+        out = real(noisy, std, *a, **k)
+        seen.append((np.array(noisy), float(std), out))
+        return out
+
+    monkeypatch.setattr(M, "rare_cell_merging", spy)
+    space, cells = cells_of(table(2000, seed=1))
+    plan = M.plan_marginals(0.5, 1e-6, 5, num_rounds=6)
+    _, measurements, _ = M.fit_marginals(cells, space, plan, d3p.random.PRNGKey(5))
+    assert len(seen) == 5
+    for v, (noisy, std, merging) in enumerate(seen):
+        released = measurements[v]
+        assert released.clique == (v,) and np.array_equal(noisy, released.values) and std == released.std
+        assert not np.array_equal(noisy, M._counts(cells, space.sizes, (v,)))
+    merged = {v for v, (_, _, m) in enumerate(seen) if m is not None}
+    assert merged, "the test table has rare cells"
+    for m in measurements[5:]:
+        for v, q in zip(m.clique, m.coarsening):
+            if v in merged and q is not None and q.shape[0] == seen[v][2].shape[0]:
+                assert np.array_equal(q, seen[v][2])
+    assert any(v in merged and np.array_equal(q, seen[v][2]) for m in measurements[5:]
+               for v, q in zip(m.clique, m.coarsening) if q is not None)
 
 
 def test_every_release_is_spent_and_the_total_is_the_target(spied_fit):

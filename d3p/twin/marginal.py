@@ -8,7 +8,11 @@ synthetic data"), in d3p's own code:
 1. every column is cut into cells (:class:`d3p.twin.cells.CellSpace`, a
    per-record map from the public schema);
 2. all one-way marginal tables are measured at once with the Gaussian
-   mechanism;
+   mechanism; in every column, the cells whose noisy count is below
+   :data:`RARE_CELL_STDS` noise standard deviations are merged into one
+   cell of the larger tables measured later (:func:`rare_cell_merging`, the
+   domain compression of MST; post-processing of this release), so that
+   their noise is not spread over cells that hold almost no records;
 3. for a fixed number of rounds: the exponential mechanism picks the two-way
    table (of all pairs of columns, each also at a coarser resolution) or the
    three-way table (of small triples) on which
@@ -48,7 +52,7 @@ from d3p.twin.junction import maximal_cliques, tree_size
 from d3p.twin.schema import Schema
 
 __all__ = ["MarginalModel", "MarginalPlan", "plan_marginals", "fit_marginals", "one_way_shares", "default_num_rounds",
-           "DEFAULT_MAX_MODEL_CELLS"]
+           "rare_cell_merging", "DEFAULT_MAX_MODEL_CELLS", "RARE_CELL_STDS"]
 
 #: Largest total number of cells of the junction tree's cliques: a candidate
 #: table that would make the model larger is not considered.
@@ -64,6 +68,9 @@ COARSE_CELLS = 5
 MAX_TRIPLES = 500
 #: ... and a triple's table has at most this many cells.
 MAX_TRIPLE_CELLS = 512
+#: A cell whose noisy one-way count is below this many noise standard deviations is
+#: rare: the rare cells of a column are merged into one in the larger tables.
+RARE_CELL_STDS = 3.0
 #: Mirror-descent steps of the estimator after each round (warm-started) and at the end.
 ROUND_ITERATIONS = 100
 FINAL_ITERATIONS = 1000
@@ -208,6 +215,42 @@ def _candidates(space: CellSpace) -> List[_Candidate]:
     return out
 
 
+def rare_cell_merging(noisy: np.ndarray, std: float, threshold: Optional[float] = None) -> Optional[np.ndarray]:
+    """The merging of a column's rare cells, read from its noisy one-way table.
+
+    A cell is rare if its noisy count is below ``threshold * std``. With at
+    least two rare cells and at least one that is not, the result is a 0/1
+    matrix ``(k, size)``: one row per cell that is not rare (in order), then
+    one row for all the rare cells together; every cell is in exactly one
+    row, so a record is still in one cell of a merged table. Otherwise None
+    (nothing to merge). A function of the released table only
+    (post-processing).
+
+    :param numpy.ndarray noisy: the column's released one-way table.
+    :param float std: its noise standard deviation.
+    :param float threshold: default :data:`RARE_CELL_STDS`.
+    """
+    threshold = RARE_CELL_STDS if threshold is None else threshold
+    noisy = np.asarray(noisy, np.float64).ravel()
+    rare = noisy < threshold * float(std)
+    if rare.sum() < 2 or rare.all():
+        return None
+    eye = np.eye(noisy.size)
+    return np.concatenate([eye[~rare], rare[None].astype(np.float64)])
+
+
+def _merged_candidates(candidates: List[_Candidate], sizes: Sequence[int],
+                       merging: Sequence[Optional[np.ndarray]]) -> List[_Candidate]:
+    """``candidates`` with the rare cells of every column left at full resolution merged
+    (a column already coarsened keeps its coarsening); post-processing."""
+    out = []
+    for c in candidates:
+        maps = tuple(m if m is not None else merging[v] for m, v in zip(c.coarsening, c.clique))
+        out.append(_Candidate(c.clique, maps, math.prod(m.shape[0] if m is not None else sizes[v]
+                                                        for m, v in zip(maps, c.clique))))
+    return out
+
+
 def _scores(cells: np.ndarray, sizes: Sequence[int], model: GraphicalModel, candidates: List[_Candidate],
             std: float, num_records: int) -> List[float]:
     """AIM's score of each candidate: how wrong the model's table is beyond the expected
@@ -268,9 +311,10 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
     cell of each of the D tables) with ρ₁ = ``plan.rho_one_way``; each round
     is an exponential mechanism on scores of sensitivity Δ₁ (a score is an
     L1 distance to a count table plus public terms) with ε₀ = √(8 ρ_sel), and
-    a Gaussian mechanism of sensitivity Δ₂ (merging cells keeps one record in
-    one cell) with ρ_meas; composition adds them (the budget checks the
-    total). Everything else reads only these releases and public settings.
+    a Gaussian mechanism of sensitivity Δ₂ (merging cells, whether fixed by
+    the schema or chosen by :func:`rare_cell_merging` from the released
+    one-way tables, keeps one record in one cell) with ρ_meas; composition
+    adds them (the budget checks the total). Everything else reads only these releases and public settings.
     """
     num_records, num_columns = cells.shape
     sizes = space.sizes
@@ -282,6 +326,7 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
                             one_way_shares(sizes, plan.rho_one_way), plan.l2_sensitivity, length)
     budget.spend(plan.rho_one_way, "one-way marginals")
     measurements = [Measurement((v,), t, max(s, EXACT_STD), (None,)) for v, (t, s) in enumerate(zip(tables, stds))]
+    candidates = _merged_candidates(candidates, sizes, [rare_cell_merging(t, s) for t, s in zip(tables, stds)])
     model = estimate(sizes, measurements, num_records, num_iterations=200)
     chosen: List[Clique] = []
     for t in range(plan.num_rounds):
