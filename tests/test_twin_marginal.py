@@ -67,7 +67,7 @@ def rare_mergings(space):
     below half of its column's largest count is rare."""
     _, c0 = cells_of(table())
     out = []
-    for v, size in enumerate(space.sizes):
+    for v in range(len(space.sizes)):
         counts = M._counts(c0, space.sizes, (v,))
         out.append(M.rare_cell_merging(counts, counts.max() / 6.0))
     assert sum(m is not None for m in out) >= 2

@@ -194,6 +194,12 @@ class _Candidate(NamedTuple):
     num_cells: int
 
 
+def _candidate(clique: Clique, coarsening, sizes: Sequence[int]) -> _Candidate:
+    """The candidate table of ``clique`` with ``coarsening`` (None per column: its cells as they are)."""
+    return _Candidate(clique, coarsening, math.prod(m.shape[0] if m is not None else sizes[v]
+                                                    for m, v in zip(coarsening, clique)))
+
+
 def _candidates(space: CellSpace) -> List[_Candidate]:
     """Every pair of columns, the same pair with large columns merged to
     :data:`COARSE_CELLS` value cells, and, for at most :data:`MAX_TRIPLES` triples
@@ -210,8 +216,7 @@ def _candidates(space: CellSpace) -> List[_Candidate]:
         coarse = tuple(space.coarsening(v, COARSE_CELLS) if space.columns[v].num_values > COARSE_CELLS else None
                        for v in pair)
         if any(m is not None for m in coarse):
-            cells = math.prod(m.shape[0] if m is not None else sizes[v] for m, v in zip(coarse, pair))
-            out.append(_Candidate(pair, coarse, cells))
+            out.append(_candidate(pair, coarse, sizes))
     return out
 
 
@@ -243,12 +248,8 @@ def _merged_candidates(candidates: List[_Candidate], sizes: Sequence[int],
                        merging: Sequence[Optional[np.ndarray]]) -> List[_Candidate]:
     """``candidates`` with the rare cells of every column left at full resolution merged
     (a column already coarsened keeps its coarsening); post-processing."""
-    out = []
-    for c in candidates:
-        maps = tuple(m if m is not None else merging[v] for m, v in zip(c.coarsening, c.clique))
-        out.append(_Candidate(c.clique, maps, math.prod(m.shape[0] if m is not None else sizes[v]
-                                                        for m, v in zip(maps, c.clique))))
-    return out
+    return [_candidate(c.clique, tuple(m if m is not None else merging[v] for m, v in zip(c.coarsening, c.clique)),
+                       sizes) for c in candidates]
 
 
 def _scores(cells: np.ndarray, sizes: Sequence[int], model: GraphicalModel, candidates: List[_Candidate],
@@ -314,7 +315,8 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
     a Gaussian mechanism of sensitivity Δ₂ (merging cells, whether fixed by
     the schema or chosen by :func:`rare_cell_merging` from the released
     one-way tables, keeps one record in one cell) with ρ_meas; composition
-    adds them (the budget checks the total). Everything else reads only these releases and public settings.
+    adds them (the budget checks the total). Everything else reads only
+    these releases and public settings.
     """
     num_records, num_columns = cells.shape
     sizes = space.sizes
