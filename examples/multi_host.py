@@ -152,7 +152,11 @@ def report(args, jax, result, sigma, test) -> None:
     import _common as common
 
     params = {k: np.asarray(v.addressable_data(0)) for k, v in result.params.items()}
-    print(f"[process {args.process_id}] parameter fingerprint {fingerprint(result.params)}", flush=True)
+    # one write of the whole line: the processes share the launcher's stdout, and a
+    # print() may write the text and its newline separately, interleaving the lines
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(),
+             f"[process {args.process_id}] parameter fingerprint {fingerprint(result.params)}\n".encode())
     if args.process_id != 0:
         return
     x_test, y_test = test

@@ -9,6 +9,7 @@ step traced inside ``shard_map``.
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -179,7 +180,7 @@ def test_multi_host_example_two_processes_agree_with_one_device(tmp_path):
     rounding)."""
     proc = _example("--quick", "--output-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    prints = [line.split()[-1] for line in proc.stdout.splitlines() if "parameter fingerprint" in line]
+    prints = re.findall(r"parameter fingerprint ([0-9a-f]{16})", proc.stdout)
     assert len(prints) == 2 and prints[0] == prints[1], proc.stdout
     assert "2 processes, 4 devices (cpu)" in proc.stdout and "ε spent=" in proc.stdout
     assert (tmp_path / "multi_host_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
