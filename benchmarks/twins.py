@@ -216,8 +216,8 @@ def load_latentclass(num_records: int = 2500, seed: int = 23) -> Table:
 TABLES = {
     "fair": load_fair, "anes96": load_anes96, "randhie": load_randhie, "modechoice": load_modechoice,
     "breast_cancer": load_breast_cancer, "wine": load_wine, "diabetes": load_diabetes, "iris": load_iris,
-    "grunfeld": load_grunfeld, "macrodata": load_macrodata, "digits": load_digits, "star98": load_star98, "bayesnet": load_bayesnet,
-    "latentclass": load_latentclass,
+    "grunfeld": load_grunfeld, "macrodata": load_macrodata, "bayesnet": load_bayesnet,
+    "latentclass": load_latentclass, "digits": load_digits, "star98": load_star98,
 }
 #: The tables of the benchmark's table (modechoice and diabetes also set where
 #: ``family="auto"`` switches between the models).

@@ -185,10 +185,10 @@ def test_rare_cells_are_merged_as_the_released_one_way_tables_say(monkeypatch):
         assert not np.array_equal(noisy, M._counts(cells, space.sizes, (v,)))
     merged = {v for v, (_, _, m) in enumerate(seen) if m is not None}
     assert merged, "the test table has rare cells"
+    coarse = {v: q for c in M._candidates(space) for v, q in zip(c.clique, c.coarsening) if q is not None}
     for m in measurements[5:]:
         for v, q in zip(m.clique, m.coarsening):
-            coarse = space.coarsening(v, M.COARSE_CELLS) if space.columns[v].num_values > M.COARSE_CELLS else None
-            if v in merged and q is not None and not (coarse is not None and np.array_equal(q, coarse)):
+            if v in merged and q is not None and not (v in coarse and np.array_equal(q, coarse[v])):
                 assert np.array_equal(q, seen[v][2])  # a column's cells are merged only as released
     assert any(v in merged and np.array_equal(q, seen[v][2]) for m in measurements[5:]
                for v, q in zip(m.clique, m.coarsening) if q is not None)
