@@ -245,6 +245,17 @@ def test_twin_schema_writes_the_inferred_schema_to_pass_back(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["in.csv", "schema.json"]
 
 
+def test_target_steers_the_marginal_twin_and_is_saved(tmp_path, capsys):
+    inp = write_csv(tmp_path / "in.csv", good_frame(400))
+    mod = tmp_path / "model"
+    code, out, err = run_main([inp, tmp_path / "out.csv", "--epsilon", "1", "--family", "marginal", "--seed", "1",
+                               "--target", "colour", "--save-model", mod, "--no-progress"], capsys)
+    assert code == 0, err
+    desc = json.loads((mod / "twin.json").read_text())
+    assert desc["fit"]["target"] == ["colour"]
+    assert all(3 in c for c in desc["privacy"]["measured"][4::3])  # rounds 0, 3, ...: tables with colour
+
+
 def test_family_option(capsys):
     assert parse(["--family", "marginal"]).family == "marginal"
     assert parse([]).family == "auto"

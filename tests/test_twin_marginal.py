@@ -305,6 +305,49 @@ def test_cells_round_trip_and_stay_in_bounds():
     assert space.sizes == (4, 2, 10, 21, 22)
 
 
+def test_a_declared_target_steers_every_third_round_at_the_same_cost(monkeypatch):
+    """With a target, rounds 0, 3, 6, ... choose among the usable tables that hold it (the
+    other rounds among all of them), the releases are the same mechanisms with the same ρ,
+    and a target of no column or out of range is refused."""
+    offered = []
+    real = M._select
+
+    def spy(key, cells, sizes, model, candidates, plan, num_records):
+        offered.append([c.clique for c in candidates])
+        return real(key, cells, sizes, model, candidates, plan, num_records)
+
+    monkeypatch.setattr(M, "_select", spy)
+    space, cells = cells_of(table(2000, seed=1))
+    plan = M.plan_marginals(0.5, 1e-6, 5, num_rounds=7)
+    _, measurements, budget = M.fit_marginals(cells, space, plan, d3p.random.PRNGKey(5), target=[2])
+    assert len(offered) == 7 and budget.spent == pytest.approx(plan.rho, rel=1e-9)
+    for t, cliques in enumerate(offered):
+        holds = [2 in c for c in cliques]
+        assert all(holds) if t % M.TARGET_EVERY == 0 else not all(holds), t
+        assert M.target_round(t, (2,)) == (t % M.TARGET_EVERY == 0) and not M.target_round(t, ())
+        assert 2 in measurements[5 + t].clique or t % M.TARGET_EVERY
+    offered.clear()
+    _, untargeted, _ = M.fit_marginals(cells, space, plan, d3p.random.PRNGKey(5))
+    assert not all(2 in c for c in offered[0])  # without a target, round 0 is not restricted
+    assert [m.std for m in untargeted] == [m.std for m in measurements]
+    with pytest.raises(ValueError, match="target column indices"):
+        M.fit_marginals(cells, space, plan, d3p.random.PRNGKey(5), target=[5])
+
+
+def test_fit_takes_the_target_by_name_and_records_it():
+    frame = table(400, seed=2)
+    tw = twin.fit(frame, 1.0, 1e-6, rng_key=0, schema=SCHEMA, family="marginal", target="k", progress_bar=False)
+    assert tw.fit_info["target"] == ["k"] and tw.privacy["epsilon"] <= 1.0
+    assert all(2 in c for c in tw.privacy["measured"][5::M.TARGET_EVERY])
+    tw = twin.fit(frame, 1.0, 1e-6, rng_key=0, schema=SCHEMA, family="marginal", progress_bar=False)
+    assert tw.fit_info["target"] is None
+    for bad, match in [("zzz", "not columns: \\['zzz'\\]"), ([], "non-empty list"), (3, "column name"),
+                       (["k", 1], "column name")]:
+        with pytest.raises(ValueError, match=match):
+            twin.fit(frame, 1.0, 1e-6, rng_key=0, schema=SCHEMA, family="marginal", target=bad,
+                     progress_bar=False)
+
+
 def test_plan_depends_on_public_settings_only():
     a = M.plan_marginals(1.0, 1e-6, 7)
     assert a.rho_one_way + a.num_rounds * (a.rho_select + a.rho_measure) == pytest.approx(a.rho)

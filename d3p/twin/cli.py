@@ -110,7 +110,9 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="write marginal plots, a correlation-difference heat map and report.json "
                              "(NOT private: statistics of the real data)")
     parser.add_argument("--target", default=None, metavar="COLUMN",
-                        help="column for the train-on-synthetic / test-on-real accuracy in the report")
+                        help="column a downstream model will predict: the marginal twin spends a third of "
+                             "its rounds on tables that hold it (same epsilon), and the report's "
+                             "train-on-synthetic / test-on-real accuracy predicts it")
     parser.add_argument("--save-model", default=None, metavar="DIR",
                         help="save the fitted twin (parameters, schema, privacy record; no records)")
     _add_reading_options(parser)
@@ -274,7 +276,7 @@ def _fit(args, data, schema, key):
                    sampling=args.sampling,
                    clipping_threshold=args.clip or DEFAULT_CLIPPING_THRESHOLD,
                    learning_rate=args.learning_rate or DEFAULT_LEARNING_RATE,
-                   max_levels=args.max_levels or DEFAULT_MAX_LEVELS,
+                   max_levels=args.max_levels or DEFAULT_MAX_LEVELS, target=args.target,
                    progress_bar=not args.no_progress)
 
 

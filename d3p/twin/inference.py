@@ -13,7 +13,7 @@ import math
 import numbers
 import os
 import time
-from typing import Callable, Dict, NamedTuple, Optional, Tuple, Union
+from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -420,7 +420,8 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
         guide: Optional[Callable] = None, num_components: Optional[int] = None, num_steps: Optional[int] = None,
         q: Optional[float] = None, sampling: str = "poisson", clipping_threshold: float = DEFAULT_CLIPPING_THRESHOLD,
         learning_rate: float = DEFAULT_LEARNING_RATE, optimizer=None, accountant: str = "fourier",
-        max_levels: int = DEFAULT_MAX_LEVELS, progress_bar: bool = True) -> TwinResult:
+        max_levels: int = DEFAULT_MAX_LEVELS, target: Optional[Union[str, Sequence[str]]] = None,
+        progress_bar: bool = True) -> TwinResult:
     """Fit a synthetic-data twin of ``data`` at the target (ε, δ).
 
     Steps: (1) complete the schema (:func:`infer_schema`: what it reads from
@@ -429,10 +430,9 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     (3) choose the model family (``family="auto"``: :func:`choose_family`,
     from the schema, N, ε and δ) and fit it:
 
-    * ``"marginal"``: noisy one-way and privately chosen two- and three-way
-      marginal tables, and a graphical model fitted to them
-      (:mod:`d3p.twin.marginal`; zCDP accounting of the Gaussian and
-      exponential mechanisms in one budget, converted to (ε, δ));
+    * ``"marginal"``: a graphical model fitted to noisy, privately chosen
+      marginal tables (:mod:`d3p.twin.marginal`; the Gaussian and exponential
+      mechanisms in one zCDP budget, converted to (ε, δ));
     * ``"mixture"``: calibrate σ for (ε, δ, q, T) with the accounting of the
       sampler (:func:`d3p.accounting.accounting_for`), initialise model and
       guide on public placeholder records and run :meth:`d3p.svi.DPSVI.run`
@@ -467,6 +467,9 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     :param optimizer: instead of Adam, any optimizer :class:`DPSVI` accepts.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"`` (mixture).
     :param int max_levels: see :func:`infer_schema`.
+    :param target: a column, or a list, that a downstream model will predict (public):
+        the marginal family spends a third of its rounds on tables that hold it
+        (:func:`~d3p.twin.marginal.fit_marginals`), same ε; the mixture ignores it.
     :param bool progress_bar: show the progress of the fit.
     :return: :class:`TwinResult`.
     :raises TwinInputError: on unusable data or schema.
@@ -477,23 +480,35 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     ``sampling``. Mixture: ε from the accountant for the sampler used, δ with
     the Poisson padding-overflow term; the data enter only through
     :meth:`Schema.encode` (per record) into :meth:`DPSVI.run`. Marginal: see
-    :func:`d3p.twin.marginal.fit_marginals` (zCDP, converted with
-    :func:`d3p.accounting.zcdp_epsilon`). S is NOT private where read from the
-    data (``privacy["not_covered"]``); N is public; ``epsilon=inf`` is not
-    private, nor is ``TwinResult.losses``.
+    :func:`d3p.twin.marginal.fit_marginals` (zCDP). S is NOT private where read
+    from the data (``privacy["not_covered"]``); N is public; ``epsilon=inf`` is
+    not private, nor is ``TwinResult.losses``.
     """
     t0 = time.monotonic()
-    epsilon, key, sampling, clipping_threshold, learning_rate = _check_arguments(
-        data, epsilon, rng_key, sampling, clipping_threshold, learning_rate, model, guide)
-    family = _validate.choice("family", family, FAMILIES)
+    epsilon, key, sampling, clipping_threshold, learning_rate, target, family = _check_arguments(
+        data, epsilon, rng_key, sampling, clipping_threshold, learning_rate, model, guide, target, family)
     schema = infer_schema(data, schema, max_levels=max_levels)
     x = schema.encode(data)
-    if _resolve_family(family, schema, x.shape[0], epsilon, delta, (model, num_components, num_steps, q,
-                                                                     optimizer)) == "marginal":
-        return _fit_marginal(schema, x, epsilon, delta, key, sampling, progress_bar, t0)
+    dpvi_settings = (model, num_components, num_steps, q, optimizer)
+    if _resolve_family(family, schema, x.shape[0], epsilon, delta, dpvi_settings) == "marginal":
+        return _fit_marginal(schema, x, epsilon, delta, key, sampling, progress_bar, t0, target)
     plan = _privacy_plan(x.shape[0], epsilon, delta, q, num_steps, sampling, accountant)
     return _fit_mixture(schema, x, plan, key, model, guide, num_components, clipping_threshold, learning_rate,
                         optimizer, progress_bar, t0)
+
+
+def _check_target(target, data: pd.DataFrame) -> Tuple[str, ...]:
+    """``target`` as a tuple of column names of ``data`` (empty for None)."""
+    if target is None:
+        return ()
+    names = [target] if isinstance(target, str) else target
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"Expected target to be a column name or a non-empty list of column names, got {target!r}.")
+    missing = [n for n in names if n not in data.columns]
+    if missing:
+        raise ValueError(f"Expected target to name columns of data; not columns: {missing} "
+                         f"(columns: {list(data.columns)}).")
+    return tuple(dict.fromkeys(names))
 
 
 def _resolve_family(family: str, schema: Schema, num_records: int, epsilon: float, delta, dpvi_settings) -> str:
@@ -526,7 +541,7 @@ def _fit_mixture(schema: Schema, x: np.ndarray, plan: "_Plan", key, model, guide
 
 
 def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sampling: str, progress_bar: bool,
-                  t0: float) -> TwinResult:
+                  t0: float, targets: Tuple[str, ...] = ()) -> TwinResult:
     """:func:`fit` with ``family="marginal"``: the private rounds of :mod:`d3p.twin.marginal`."""
     num_records = x.shape[0]
     delta = _validate.open_unit("delta", 1.0 / num_records**2 if delta is None else delta)
@@ -539,8 +554,10 @@ def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sam
 
         bar = tqdm(total=plan.num_rounds, desc="marginal rounds")
     try:
+        names = [c.name for c in schema.columns]
         graph, measurements, budget = fit_marginals(space.cells(x), space, plan, key,
-                                                    progress=(lambda t, n: bar.update(1)) if bar else None)
+                                                    progress=(lambda t, n: bar.update(1)) if bar else None,
+                                                    target=[names.index(n) for n in targets])
     finally:
         if bar is not None:
             bar.close()
@@ -559,7 +576,7 @@ def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sam
         raise RuntimeError(f"Internal error: the marginal twin's epsilon {eps} exceeds the target {epsilon}.")
     fit_info = {"family": "marginal", "num_rounds": plan.num_rounds, "rho_one_way": plan.rho_one_way,
                 "rho_select": plan.rho_select, "rho_measure": plan.rho_measure,
-                "seconds": round(time.monotonic() - t0, 3)}
+                "target": list(targets) or None, "seconds": round(time.monotonic() - t0, 3)}
     return TwinResult(schema, model, None, model.params(), num_records=num_records, model_spec=model.description(),
                       guide_spec={"type": "none"}, privacy=privacy, fit_info=fit_info)
 
@@ -567,8 +584,9 @@ def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sam
 _SAMPLINGS = ("poisson", "fixed")
 
 
-def _check_arguments(data, epsilon, rng_key, sampling, clipping_threshold, learning_rate, model, guide):
-    """:func:`fit`'s checks that need no data: ``(epsilon, key, sampling, C, learning rate)``."""
+def _check_arguments(data, epsilon, rng_key, sampling, clipping_threshold, learning_rate, model, guide, target,
+                     family):
+    """:func:`fit`'s checks before the schema: ``(epsilon, key, sampling, C, learning rate, target, family)``."""
     epsilon = _validate.positive("epsilon", epsilon, finite=False)
     key = _as_d3p_key(rng_key)
     check_frame("data", data)
@@ -577,7 +595,8 @@ def _check_arguments(data, epsilon, rng_key, sampling, clipping_threshold, learn
     learning_rate = _validate.positive("learning_rate", learning_rate)
     if guide is not None and model is None:
         raise ValueError("Expected a model together with the guide (guide without model).")
-    return epsilon, key, sampling, clipping_threshold, learning_rate
+    family = _validate.choice("family", family, FAMILIES)
+    return epsilon, key, sampling, clipping_threshold, learning_rate, _check_target(target, data), family
 
 
 class _Plan(NamedTuple):
@@ -719,6 +738,7 @@ def _fit_info(plan: _Plan, learning_rate: float, clipping_threshold: float, opti
         "sampling": plan.sampling,
         "learning_rate": float(learning_rate),
         "clipping_threshold": float(clipping_threshold),
+        "target": None,
         "optimizer": (f"adam, cosine decay to {DEFAULT_FINAL_LEARNING_RATE_FRACTION:.0%}" if optimizer is None
                       else type(optimizer).__name__),
         "seconds": round(seconds, 3),

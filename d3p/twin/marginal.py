@@ -18,7 +18,9 @@ synthetic data"), in d3p's own code:
    three-way table (of small triples) on which
    the current model errs most, corrected for the expected noise of measuring
    it (AIM's score), and it is measured with the Gaussian mechanism; the model
-   is re-fitted to all measurements so far;
+   is re-fitted to all measurements so far; with a declared target, every
+   :data:`TARGET_EVERY`-th round chooses among the tables that hold a target
+   column only;
 4. the graphical model (:mod:`d3p.twin.graphical`) whose marginals best
    explain every measurement (:func:`d3p.twin.estimation.estimate`, the
    Private-PGM estimator) is the twin; records are drawn from it.
@@ -52,7 +54,7 @@ from d3p.twin.junction import maximal_cliques, tree_size
 from d3p.twin.schema import Schema
 
 __all__ = ["MarginalModel", "MarginalPlan", "plan_marginals", "fit_marginals", "one_way_shares", "default_num_rounds",
-           "rare_cell_merging", "DEFAULT_MAX_MODEL_CELLS", "RARE_CELL_STDS"]
+           "rare_cell_merging", "target_round", "DEFAULT_MAX_MODEL_CELLS", "RARE_CELL_STDS", "TARGET_EVERY"]
 
 #: Largest total number of cells of the junction tree's cliques: a candidate
 #: table that would make the model larger is not considered.
@@ -78,6 +80,10 @@ ROUND_ITERATIONS = 100
 FINAL_ITERATIONS = 1000
 #: The std the estimator assumes for a table measured without noise (ε = inf).
 EXACT_STD = 1.0
+#: With a declared target, rounds 0, k, 2k, ... choose among the candidates that hold a
+#: target column (a third of the rounds: on digits, the 10-class target's tables are never
+#: chosen otherwise; see benchmarks/README.md).
+TARGET_EVERY = 3
 
 Clique = Tuple[int, ...]
 
@@ -293,8 +299,13 @@ def _usable(space: CellSpace, chosen: Sequence[Clique], candidates: List[_Candid
     return [c for c in candidates if fits[c.clique]]
 
 
+def target_round(t: int, target: Sequence[int]) -> bool:
+    """Whether round ``t`` chooses among the tables that hold a column of ``target`` (public)."""
+    return bool(target) and t % TARGET_EVERY == 0
+
+
 def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_key, *,
-                  max_model_cells: int = DEFAULT_MAX_MODEL_CELLS, progress=None):
+                  max_model_cells: int = DEFAULT_MAX_MODEL_CELLS, progress=None, target: Sequence[int] = ()):
     """Run the private rounds and fit the model (see the module docstring).
 
     :param numpy.ndarray cells: the private records as cells ``(N, D)`` (:meth:`CellSpace.cells`).
@@ -303,6 +314,9 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
     :param rng_key: a ``d3p.random`` key for the noise and the choices.
     :param int max_model_cells: see :data:`DEFAULT_MAX_MODEL_CELLS`.
     :param progress: called with ``(round, num_rounds)`` after each round, or None.
+    :param target: indices of the declared target's columns (public; default none): in
+        the rounds of :func:`target_round` the candidates are the usable tables that
+        hold one of them (all usable tables if none does).
     :return: ``(model, measurements, budget)``: the fitted :class:`GraphicalModel`, the
         released measurements and the :class:`d3p.accounting.ZCDPBudget` they were spent from.
 
@@ -318,9 +332,14 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
     the schema or chosen by :func:`rare_cell_merging` from the released
     one-way tables, keeps one record in one cell) with ρ_meas; composition
     adds them (the budget checks the total). Everything else reads only
-    these releases and public settings.
+    these releases and public settings (the target's columns and which rounds
+    are restricted to them are public: the candidate set of a round is fixed
+    before it reads the data).
     """
     num_records, num_columns = cells.shape
+    target = tuple(sorted({int(v) for v in target}))
+    if any(not 0 <= v < num_columns for v in target):
+        raise ValueError(f"Expected target column indices in [0, {num_columns}), got {list(target)}.")
     sizes = space.sizes
     budget = accounting.ZCDPBudget(plan.rho)
     key_one_way, key_rounds = d3p.random.split(rng_key, 2)
@@ -336,6 +355,8 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
     for t in range(plan.num_rounds):
         k_select, k_measure = d3p.random.split(d3p.random.fold_in(key_rounds, t), 2)
         usable = _usable(space, chosen, candidates, max_model_cells)
+        if target_round(t, target):
+            usable = [c for c in usable if set(c.clique) & set(target)] or usable
         if not usable:
             break
         pick = _select(k_select, cells, sizes, model, usable, plan, num_records)
