@@ -356,7 +356,7 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
         k_select, k_measure = d3p.random.split(d3p.random.fold_in(key_rounds, t), 2)
         usable = _usable(space, chosen, candidates, max_model_cells)
         if target_round(t, target):
-            usable = [c for c in usable if set(c.clique) & set(target)] or usable
+            usable = [c for c in usable if any(v in target for v in c.clique)] or usable
         if not usable:
             break
         pick = _select(k_select, cells, sizes, model, usable, plan, num_records)
