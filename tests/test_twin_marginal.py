@@ -312,9 +312,9 @@ def test_a_declared_target_steers_every_third_round_at_the_same_cost(monkeypatch
     offered = []
     real = M._select
 
-    def spy(key, cells, sizes, model, candidates, plan, num_records):
+    def spy(key, cells, sizes, model, candidates, plan, num_records, **kw):
         offered.append([c.clique for c in candidates])
-        return real(key, cells, sizes, model, candidates, plan, num_records)
+        return real(key, cells, sizes, model, candidates, plan, num_records, **kw)
 
     monkeypatch.setattr(M, "_select", spy)
     space, cells = cells_of(table(2000, seed=1))
@@ -332,6 +332,104 @@ def test_a_declared_target_steers_every_third_round_at_the_same_cost(monkeypatch
     assert [m.std for m in untargeted] == [m.std for m in measurements]
     with pytest.raises(ValueError, match="target column indices"):
         M.fit_marginals(cells, space, plan, d3p.random.PRNGKey(5), target=[5])
+
+
+def _wide_table(num_columns, n=400, seed=3):
+    """Columns of 2 to 4 codes, each a noisy copy of the one before it (and one of 10
+    codes, the last, that depends on the first): a table with dependence everywhere."""
+    rng = np.random.default_rng(seed)
+    cols = [rng.integers(0, 3, n)]
+    for j in range(1, num_columns - 1):
+        k = 2 + j % 3
+        cols.append(np.where(rng.uniform(size=n) < 0.7, cols[-1] % k, rng.integers(0, k, n)))
+    cols.append((3 * cols[0] + rng.integers(0, 4, n)) % 10)
+    frame = pd.DataFrame({f"x{j}": c.astype(np.int64) for j, c in enumerate(cols)})
+    spec = {"columns": [{"name": f"x{j}", "kind": "categorical", "nullable": False,
+                         "levels": list(range(int(c.max()) + 1 if j else 3))}
+                        for j, c in enumerate(cols)]}
+    spec["columns"][-1]["levels"] = list(range(10))
+    schema = twin.infer_schema(frame, spec)
+    space = CellSpace(schema)
+    return frame, schema, space, space.cells(schema.encode(frame))
+
+
+def _parts(num_columns, cliques):
+    """Connected components of the graph of ``cliques`` (breadth-first, independent of M)."""
+    neighbours = {v: set() for v in range(num_columns)}
+    for c in cliques:
+        for a in c:
+            neighbours[a] |= set(c) - {a}
+    part, label = {}, 0
+    for v in range(num_columns):
+        if v in part:
+            continue
+        stack = [v]
+        while stack:
+            a = stack.pop()
+            if a not in part:
+                part[a] = label
+                stack += list(neighbours[a])
+        label += 1
+    return part
+
+
+def test_a_wide_table_gets_a_spanning_tree_chosen_with_msts_score(monkeypatch):
+    """More than MAX_ROUNDS + 1 columns: D - 1 rounds (the budget split as before), each
+    offered only the tables that join two parts of the graph of the tables measured
+    before it and scored without the noise correction (MST's score); the tables
+    measured form a spanning tree, so no column is left out. Narrower tables keep
+    AIM's rounds."""
+    D = M.MAX_ROUNDS + 3
+    plan = M.plan_marginals(1.0, 1e-6, D)
+    assert plan.num_rounds == plan.num_tree_rounds == D - 1 == M.default_num_rounds(D)
+    assert plan.rho_one_way + plan.num_rounds * (plan.rho_select + plan.rho_measure) == pytest.approx(plan.rho)
+    narrow = M.plan_marginals(1.0, 1e-6, M.MAX_ROUNDS + 1)
+    assert narrow.num_rounds == M.MAX_ROUNDS and narrow.num_tree_rounds == 0
+    assert M.plan_marginals(1.0, 1e-6, D, num_rounds=5).num_tree_rounds == 5
+    assert M.plan_marginals(1.0, 1e-6, D, num_rounds=40).num_tree_rounds == D - 1
+    assert [M.tree_round(t, plan) for t in (0, D - 2, D - 1)] == [True, True, False]
+
+    offered, stds = [], []
+    real_select, real_scores = M._select, M._scores
+
+    def select(key, cells, sizes, model, candidates, plan, num_records, **kw):
+        offered.append([c.clique for c in candidates])
+        return real_select(key, cells, sizes, model, candidates, plan, num_records, **kw)
+
+    def scores(cells, sizes, model, candidates, std, num_records):
+        stds.append(std)
+        return real_scores(cells, sizes, model, candidates, std, num_records)
+
+    monkeypatch.setattr(M, "_select", select)
+    monkeypatch.setattr(M, "_scores", scores)
+    monkeypatch.setattr(M, "ROUND_ITERATIONS", 10)  # the choices are under test, not the fit
+    monkeypatch.setattr(M, "FINAL_ITERATIONS", 10)
+    frame, schema, space, cells = _wide_table(D)
+    _, measurements, budget = M.fit_marginals(cells, space, plan, d3p.random.PRNGKey(2))
+    assert budget.spent == pytest.approx(plan.rho, rel=1e-9) and len(offered) == D - 1
+    chosen = [m.clique for m in measurements[D:]]
+    for t, cliques in enumerate(offered):
+        part = _parts(D, chosen[:t])
+        assert cliques and all(len({part[v] for v in c}) > 1 for c in cliques), t
+        assert len(cliques) < len(offered[0]) or t == 0
+    assert stds == [0.0] * (D - 1)
+    assert len(set(_parts(D, chosen).values())) == 1  # D - 1 tables joining parts: a spanning tree
+    tw = twin.fit(frame, 1.0, 1e-6, rng_key=0, schema=schema, family="marginal", progress_bar=False)
+    assert tw.fit_info["num_rounds"] == tw.fit_info["num_tree_rounds"] == D - 1 and tw.privacy["epsilon"] <= 1.0
+    assert len(set(_parts(D, tw.privacy["measured"][D:]).values())) == 1
+
+    offered.clear(), stds.clear()  # with a target, the tree rounds that it steers offer its tables only
+    short = M.plan_marginals(1.0, 1e-6, D, num_rounds=M.TARGET_EVERY + 1)
+    _, measurements, _ = M.fit_marginals(cells, space, short, d3p.random.PRNGKey(2), target=[D - 1])
+    chosen = [m.clique for m in measurements[D:]]
+    for t in (0, M.TARGET_EVERY):
+        part = _parts(D, chosen[:t])
+        assert all(D - 1 in c and len({part[v] for v in c}) > 1 for c in offered[t]), t
+
+    offered.clear(), stds.clear()  # a narrower table: AIM's rounds, noise-corrected scores
+    _, _, space, cells = _wide_table(M.MAX_ROUNDS + 1)
+    M.fit_marginals(cells, space, M.plan_marginals(1.0, 1e-6, M.MAX_ROUNDS + 1, num_rounds=3), d3p.random.PRNGKey(2))
+    assert len(stds) == 3 and all(s > 0 for s in stds)
 
 
 def test_fit_takes_the_target_by_name_and_records_it():

@@ -574,8 +574,8 @@ def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sam
     }
     if eps > epsilon * (1 + 1e-9):
         raise RuntimeError(f"Internal error: the marginal twin's epsilon {eps} exceeds the target {epsilon}.")
-    fit_info = {"family": "marginal", "num_rounds": plan.num_rounds, "rho_one_way": plan.rho_one_way,
-                "rho_select": plan.rho_select, "rho_measure": plan.rho_measure,
+    fit_info = {"family": "marginal", "num_rounds": plan.num_rounds, "num_tree_rounds": plan.num_tree_rounds,
+                "rho_one_way": plan.rho_one_way, "rho_select": plan.rho_select, "rho_measure": plan.rho_measure,
                 "target": list(targets) or None, "seconds": round(time.monotonic() - t0, 3)}
     return TwinResult(schema, model, None, model.params(), num_records=num_records, model_spec=model.description(),
                       guide_spec={"type": "none"}, privacy=privacy, fit_info=fit_info)
