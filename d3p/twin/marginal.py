@@ -112,11 +112,17 @@ class MarginalPlan(NamedTuple):
 MAX_ROUNDS = 30
 
 
+def _wide(num_columns: int) -> bool:
+    """Whether a table is too wide for :data:`MAX_ROUNDS` rounds to reach every column:
+    its rounds build a spanning tree (public)."""
+    return num_columns - 1 > MAX_ROUNDS
+
+
 def default_num_rounds(num_columns: int) -> int:
     """Rounds of selection and measurement for ``D`` columns: ``2 (D - 1)``, twice
     the edges of a spanning tree, between 1 and :data:`MAX_ROUNDS`; ``D - 1`` (a
     spanning tree, :func:`tree_round`) when that is more than :data:`MAX_ROUNDS`."""
-    if num_columns - 1 > MAX_ROUNDS:
+    if _wide(num_columns):
         return num_columns - 1
     return min(MAX_ROUNDS, max(1, 2 * (num_columns - 1)))
 
@@ -150,7 +156,7 @@ def plan_marginals(epsilon: float, delta: float, num_columns: int, *, relation: 
     rho = accounting.zcdp_rho(epsilon, delta)
     one_way = rho if num_rounds == 0 else ONE_WAY_SHARE * rho
     per_round = (1.0 - ONE_WAY_SHARE) * rho / num_rounds if num_rounds else 0.0
-    tree_rounds = min(num_rounds, num_columns - 1) if num_columns - 1 > MAX_ROUNDS else 0
+    tree_rounds = min(num_rounds, num_columns - 1) if _wide(num_columns) else 0
     return MarginalPlan(rho, one_way, num_rounds, SELECTION_SHARE * per_round,
                         (1 - SELECTION_SHARE) * per_round, str(relation),
                         accounting.count_sensitivity(relation, "l2"), accounting.count_sensitivity(relation, "l1"),
