@@ -426,7 +426,9 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
 
     Steps: (1) complete the schema (:func:`infer_schema`: what it reads from
     the data is warned about and recorded in ``privacy["not_covered"]``);
-    (2) encode the table (:meth:`Schema.encode`, a per-record map);
+    (2) encode the table (:meth:`Schema.encode`, a map of each record on
+    its own: a value outside the schema goes to a bound, to the level
+    ``other``, to missing or to the column's fallback, never to an error);
     (3) choose the model family (``family="auto"``: :func:`choose_family`,
     from the schema, N, ε and δ) and fit it:
 
@@ -472,14 +474,18 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
         (:func:`~d3p.twin.marginal.fit_marginals`), same ε; the mixture ignores it.
     :param bool progress_bar: show the progress of the fit.
     :return: :class:`TwinResult`.
-    :raises TwinInputError: on unusable data or schema.
+    :raises TwinInputError: on an unusable schema (or columns that are not the
+        table's), and, only where the schema is inferred from the data, on
+        unusable data (those messages may quote values: that step is outside
+        ε). No record's value makes a fit with a complete schema fail.
     :raises ValueError: on invalid arguments (named in the message).
 
     **Formal guarantees.** Given the schema S and N, the released parameters
     (and every table generated from them) are (ε, δ)-DP under the relation of
     ``sampling``. Mixture: ε from the accountant for the sampler used, δ with
     the Poisson padding-overflow term; the data enter only through
-    :meth:`Schema.encode` (per record) into :meth:`DPSVI.run`. Marginal: see
+    :meth:`Schema.encode` (per record, no error, warning or output) into
+    :meth:`DPSVI.run`. Marginal: see
     :func:`d3p.twin.marginal.fit_marginals` (zCDP). S is NOT private where read
     from the data (``privacy["not_covered"]``); N is public; ``epsilon=inf`` is
     not private, nor is ``TwinResult.losses``.

@@ -33,8 +33,13 @@ Encoding (one float per column and record, ``NaN`` for a missing value):
 * ``count`` modelled as ``poisson``: ``round(x) - lower`` after clipping to
   the bounds.
 
-Values outside user-supplied bounds are clipped (a data-independent,
-per-record operation); values not among user-supplied levels are an error.
+A complete schema maps every record on its own, by public rules that read the
+schema and that one record only (:meth:`ColumnSpec.encode`; docs/twin.md,
+"Records that do not fit the schema"): a value outside the bounds goes to the
+nearest bound, a value the column cannot hold to its declared ``other`` level
+or to missing, a missing value in a non-nullable column to the column's
+fallback. No record can make encoding fail, warn or print; only the schema
+itself (malformed, or columns that do not match the table's) is an error.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -167,6 +173,9 @@ class ColumnSpec:
         :data:`DISTRIBUTIONS` for its kind.
     :param tuple inferred: names of the fields that were read from the data
         (set by :func:`infer_schema`).
+    :param other: for a categorical column, one of its ``levels`` that
+        receives every value that is not among the levels (and, if the column
+        is not nullable, a missing value); see :meth:`encode`. Optional.
     """
 
     name: str
@@ -179,6 +188,7 @@ class ColumnSpec:
     upper: Optional[float] = None
     distribution: Optional[str] = None
     inferred: Tuple[str, ...] = ()
+    other: Any = None
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -200,6 +210,12 @@ class ColumnSpec:
                 f"Expected lower <= upper for column {self.name!r}, got lower={self.lower}, "
                 f"upper={self.upper}."
             )
+        if self.lower is not None and self.upper is not None and not math.isfinite(self.upper - self.lower):
+            raise TwinInputError(
+                f"Expected a finite range upper - lower for column {self.name!r}, got lower={self.lower}, "
+                f"upper={self.upper}."
+            )
+        self._check_other()
         if self.kind is not None and self.distribution is not None:
             if self.distribution not in DISTRIBUTIONS[self.kind]:
                 raise TwinInputError(
@@ -217,6 +233,21 @@ class ColumnSpec:
         if self.nullable is not None:
             object.__setattr__(self, "nullable", bool(self.nullable))
         object.__setattr__(self, "ordered", bool(self.ordered))
+
+    def _check_other(self) -> None:
+        """``other`` is a level of a categorical column (a check of the schema alone)."""
+        if self.other is None:
+            return
+        object.__setattr__(self, "other", _jsonable(self.other))
+        if self.kind is not None and self.kind != "categorical":
+            raise TwinInputError(
+                f"Expected other only for a categorical column, got other={self.other!r} for the "
+                f"{self.kind} column {self.name!r}."
+            )
+        if self.levels is not None and _level_key(self.other) not in set(map(_level_key, self.levels)):
+            raise TwinInputError(
+                f"Expected other to be one of the levels of column {self.name!r}, got other={self.other!r}."
+            )
 
     # -------------------------------------------------------------- status
 
@@ -345,45 +376,83 @@ class ColumnSpec:
         return np.clip(lo + np.clip(u, 0.0, 1.0) * (hi - lo), lo, hi)
 
     def encode(self, series: pd.Series) -> np.ndarray:
-        """One column of data to float64 codes, ``NaN`` for missing values.
+        """One column of data to float64 codes, ``NaN`` for missing values: a
+        map of each record on its own, by public rules that read the spec and
+        that record only.
+
+        A value is first read as the column's kind: a categorical value is
+        matched to a level (equal value, equal text, or equal number: ``2``,
+        ``2.0`` and ``"2"`` match the level ``2``); a boolean is ``True``/``False``,
+        1/0 or the text true/false/t/f/yes/no/1/0 (any case); a number is a
+        real number or text that Python's ``float`` parses. Then:
+
+        * a number outside ``[lower, upper]``, ``±inf`` included, becomes the
+          nearest bound; a count is then rounded to the nearest integer
+          (halves to even);
+        * a categorical value that matches no level becomes the level
+          ``other`` if the spec declares one, else missing;
+        * a boolean that is none of the above, or a numeric value that is not
+          a number (text, ``NaN``, a complex number), becomes missing;
+        * a missing value (``None``, ``NaN``, ``pd.NA``, and the cases above)
+          in a column that is not nullable becomes the column's fallback:
+          ``other`` if declared, else the first level; ``False``; ``lower``.
 
         :param pandas.Series series: the column.
         :return: ``float64`` array of shape ``(len(series),)``.
-        :raises TwinInputError: on values that the spec does not allow
-            (unknown levels, text in a numeric column, missing values in a
-            non-nullable column, non-integers in a count column).
+        :raises TwinInputError: if the spec is incomplete (never because of
+            the values).
+
+        **Formal guarantees.**
+
+        * Per record: entry ``i`` of the result depends only on the spec and
+          on ``series.iloc[i]``. No value raises, warns or prints; no count
+          or value of the data enters a message.
+        * Every entry is ``NaN`` (only for a nullable column) or a valid code:
+          a level index, 0/1, an integer in ``[0, upper - lower]`` or a
+          number in [-1, 1] (see the module docstring).
         """
         if not self.is_complete:
             raise TwinInputError(
                 f"Column {self.name!r} is not fully described (missing {self.missing_fields()})."
             )
-        missing = series.isna().to_numpy()
-        if missing.any() and not self.nullable:
-            raise TwinInputError(
-                f"Column {self.name!r} has {int(missing.sum())} missing value(s) but the schema "
-                "says nullable=false."
-            )
-        out = np.full(len(series), np.nan)
-        present = ~missing
-        values = series[present]
-        if self.kind == "categorical":
-            out[present] = _level_indices(self, values)
-        elif self.kind == "boolean":
-            out[present] = _boolean_values(self.name, values)
-        else:
-            x = _numeric_values(self.name, values)
-            x = np.clip(x, self.lower, self.upper)
-            if self.kind == "count":
-                frac = x != np.round(x)
-                if frac.any():
-                    raise TwinInputError(
-                        f"Column {self.name!r} is a count column but holds {int(frac.sum())} "
-                        f"non-integer value(s), e.g. {x[frac][0]!r}; declare it as kind 'real'."
-                    )
-            if self.kind == "count" and self.distribution in INTEGER_CODE_DISTRIBUTIONS:
-                out[present] = x - self.lower
+        # the rules below never warn; the filter makes sure that no library
+        # warning about a value (an overflow, a cast) can reach the user either
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            missing = np.asarray(series.isna(), dtype=bool)
+            if self.kind == "categorical":
+                codes = _level_codes(self, series, missing)
+            elif self.kind == "boolean":
+                codes = _boolean_codes(series, missing)
             else:
-                out[present] = self.scale(x)
+                codes = self._number_codes(_real_numbers(series, missing))
+            if not self.nullable:
+                codes = np.where(np.isnan(codes), self.fallback_code, codes)
+        return codes
+
+    @property
+    def fallback_code(self) -> float:
+        """The code that a missing value of a non-nullable column gets in
+        :meth:`encode`: the level ``other`` if declared, else the first level
+        (index 0); ``False``; ``lower``. A function of the spec alone."""
+        if self.kind == "categorical":
+            return float(_LevelIndex(self.levels).find(self.other)) if self.other is not None else 0.0
+        if self.kind in ("real", "count"):
+            return float(self._number_codes(np.array([self.lower]))[0])
+        return 0.0
+
+    def _number_codes(self, x: np.ndarray) -> np.ndarray:
+        """Codes of numbers (``NaN`` = missing stays): clipped to the bounds
+        (``±inf`` to the nearest one), counts rounded, then scaled."""
+        x = np.clip(x, self.lower, self.upper)
+        if self.kind == "count":
+            x = np.clip(np.round(x), self.lower, self.upper)
+        out = np.full(x.shape, np.nan)
+        ok = ~np.isnan(x)
+        if self.kind == "count" and self.distribution in INTEGER_CODE_DISTRIBUTIONS:
+            out[ok] = x[ok] - self.lower
+        else:
+            out[ok] = np.clip(self.scale(x[ok]), -1.0, 1.0)
         return out
 
     def decode(self, codes: np.ndarray) -> pd.Series:
@@ -442,60 +511,156 @@ def _level_key(v):
     return (type(v).__name__ if not isinstance(v, (int, float)) or isinstance(v, bool) else "num", v)
 
 
-def _level_indices(spec: ColumnSpec, values: pd.Series) -> np.ndarray:
-    exact = {}
-    by_str = {}
-    for i, lev in enumerate(spec.levels):
-        exact.setdefault(_level_key(lev), i)
-        by_str.setdefault(str(lev), i)
-    out = np.empty(len(values))
-    unknown = []
-    for j, v in enumerate(values.tolist()):
-        v = v.item() if isinstance(v, np.generic) else v
+class _LevelIndex:
+    """Finds the index of a value among a categorical column's levels: the
+    first level equal to it (1, 1.0 and True are different levels), else
+    with equal text (``str``), else equal as a number (``2``, ``2.0`` and
+    ``"2"`` match the level 2.0); None if there is none."""
+
+    def __init__(self, levels):
+        self.exact, self.text, self.number = {}, {}, {}
+        for i, lev in enumerate(levels or ()):
+            self.exact.setdefault(_level_key(lev), i)
+            self.text.setdefault(str(lev), i)
+            number = _plain_number(lev)
+            if number is not None:
+                self.number.setdefault(number, i)
+
+    def find(self, value) -> Optional[int]:
+        value = value.item() if isinstance(value, np.generic) else value
         try:
-            i = exact.get(_level_key(v))
-        except TypeError:
+            i = self.exact.get(_level_key(value))
+        except TypeError:  # unhashable
             i = None
         if i is None:
-            i = by_str.get(str(v))
-            if i is None and isinstance(v, float) and v.is_integer():
-                i = by_str.get(str(int(v)))
+            try:
+                i = self.text.get(str(value))
+            except Exception:  # a value whose text cannot be made: matches no level
+                i = None
         if i is None:
-            unknown.append(v)
-            i = 0
-        out[j] = i
-    if unknown:
-        shown = sorted({str(u) for u in unknown})[:3]
-        raise TwinInputError(
-            f"Column {spec.name!r} has {len(unknown)} value(s) that are not among its "
-            f"{spec.num_levels} schema levels, e.g. {shown}; add them to the levels in the schema "
-            "(or map them to a known level or to missing before fitting)."
-        )
+            number = _plain_number(value)
+            if number is None and isinstance(value, str):
+                number = _plain_number(_parse_float(value))
+            if number is not None:
+                i = self.number.get(number)
+        return i
+
+
+def _plain_number(v) -> Optional[float]:
+    """``v`` as a finite float if it is a real number (not a boolean), else None."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _each_value(series: pd.Series, missing: np.ndarray, code) -> np.ndarray:
+    """``code(value)`` for every value that is not missing, ``NaN`` where missing.
+
+    A column of pandas' ``category`` or string dtype holds each distinct value
+    as one object (a category, a string): ``code`` runs once per distinct
+    value, which gives the same result as once per record. Other columns
+    (``object``) run it on every record: two values that compare equal may
+    still differ (``2`` and ``2.0``, ``0.0`` and ``-0.0`` have different text),
+    so no result is shared between records.
+    """
+    out = np.full(len(series), np.nan)
+    dtype = series.dtype
+    if isinstance(dtype, (pd.CategoricalDtype, pd.StringDtype)):
+        if isinstance(dtype, pd.CategoricalDtype):
+            index, distinct = series.cat.codes.to_numpy(), series.cat.categories.tolist()
+        else:
+            index, distinct = pd.factorize(series, use_na_sentinel=True)
+            distinct = distinct.tolist()
+        table = np.array([code(v) for v in distinct] + [np.nan], dtype=np.float64)
+        out = table[np.where(index < 0, len(distinct), index)]
+    else:
+        for j, v in enumerate(series.tolist()):
+            if not missing[j]:
+                out[j] = code(v)
+    out[missing] = np.nan
     return out
+
+
+def _level_codes(spec: ColumnSpec, series: pd.Series, missing: np.ndarray) -> np.ndarray:
+    """Level indices of a categorical column's values; ``other`` (or ``NaN``
+    without it) for a value that matches no level; ``NaN`` where missing."""
+    index = _LevelIndex(spec.levels)
+    unmatched = float(index.find(spec.other)) if spec.other is not None else np.nan
+
+    def code(v) -> float:
+        i = index.find(v)
+        return unmatched if i is None else float(i)
+
+    return _each_value(series, missing, code)
 
 
 _TRUE = {"true", "t", "yes", "1"}
 _FALSE = {"false", "f", "no", "0"}
 
 
-def _boolean_values(name: str, values: pd.Series) -> np.ndarray:
-    out = np.empty(len(values))
-    bad = []
-    for j, v in enumerate(values.tolist()):
-        if isinstance(v, (bool, np.bool_)):
-            out[j] = float(bool(v))
-        elif isinstance(v, (int, float, np.integer, np.floating)) and v in (0, 1):
-            out[j] = float(v)
-        elif isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
-            out[j] = 1.0 if v.strip().lower() in _TRUE else 0.0
-        else:
-            bad.append(v)
-    if bad:
-        raise TwinInputError(
-            f"Column {name!r} is boolean but has {len(bad)} value(s) that are not true/false, "
-            f"e.g. {sorted({str(b) for b in bad})[:3]}."
-        )
-    return out
+def _boolean_code(v) -> float:
+    """0/1 for one boolean value, ``NaN`` for a value that is not a boolean."""
+    if isinstance(v, (bool, np.bool_)):
+        return float(bool(v))
+    if isinstance(v, str):
+        t = v.strip().lower()
+        return 1.0 if t in _TRUE else 0.0 if t in _FALSE else np.nan
+    x = _plain_number(v)
+    return x if x in (0.0, 1.0) else np.nan
+
+
+def _boolean_codes(series: pd.Series, missing: np.ndarray) -> np.ndarray:
+    """0/1 for the values of a boolean column, ``NaN`` where missing or not a boolean."""
+    dtype = series.dtype
+    if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_integer_dtype(dtype) or \
+            pd.api.types.is_float_dtype(dtype):
+        x = np.array(series.to_numpy(dtype=np.float64, na_value=np.nan), dtype=np.float64)
+        out = np.where((x == 0.0) | (x == 1.0), x, np.nan)  # as _boolean_code, value by value
+        out[missing] = np.nan
+        return out
+    return _each_value(series, missing, _boolean_code)
+
+
+def _parse_float(text: str) -> float:
+    """``float(text)`` (surrounding blanks ignored), ``NaN`` where it is no number."""
+    try:
+        return float(text.strip())
+    except ValueError:
+        return math.nan
+
+
+def _real_number(v) -> float:
+    """One value as a float: real numbers (a boolean is 0/1) and text that
+    ``float`` parses; ``±inf`` for an integer beyond the float range; ``NaN``
+    for anything else."""
+    if isinstance(v, str):
+        return _parse_float(v)
+    if isinstance(v, (bool, np.bool_)):
+        return float(bool(v))
+    if not isinstance(v, numbers.Real):
+        return math.nan
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _real_numbers(series: pd.Series, missing: np.ndarray) -> np.ndarray:
+    """The values of a numeric column as float64, ``NaN`` where missing or not a number."""
+    dtype = series.dtype
+    if (pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_integer_dtype(dtype)
+            or pd.api.types.is_float_dtype(dtype)):
+        x = np.array(series.to_numpy(dtype=np.float64, na_value=np.nan), dtype=np.float64)
+    else:
+        x = np.array([_real_number(v) for v in series.tolist()], dtype=np.float64).reshape(len(series))
+    x[missing] = np.nan
+    return x
 
 
 def _numeric_values(name: str, values: pd.Series) -> np.ndarray:
@@ -591,12 +756,15 @@ class Schema:
         {"columns": [
           {"name": "age", "kind": "real", "lower": 18, "upper": 100, "nullable": false},
           {"name": "smoker", "kind": "boolean", "nullable": true},
-          {"name": "region", "kind": "categorical", "levels": ["N", "S", "E", "W"]},
+          {"name": "region", "kind": "categorical", "levels": ["N", "S", "E", "W", "other"],
+           "other": "other"},
           {"name": "visits", "kind": "count", "lower": 0, "upper": 50}
         ]}
 
     A column's fields that are left out are inferred from the data (with a
-    :class:`SchemaInferenceWarning`); see :func:`infer_schema`.
+    :class:`SchemaInferenceWarning`); see :func:`infer_schema`. With every
+    field given, the schema is public and :meth:`encode` maps each record on
+    its own (see :meth:`ColumnSpec.encode`).
 
     :param columns: the column specs.
     """
@@ -704,9 +872,19 @@ class Schema:
     def encode(self, data: pd.DataFrame) -> np.ndarray:
         """Encode a DataFrame to a ``float32`` matrix ``(N, D)`` (``NaN`` = missing).
 
+        Each record is mapped on its own by :meth:`ColumnSpec.encode`: values
+        outside the schema go to a bound, to the level ``other``, to missing or
+        to the column's fallback, by rules of the schema alone.
+
         :param pandas.DataFrame data: a table with the schema's columns.
         :return: the codes, columns in schema order (see the module docstring).
-        :raises TwinInputError: if the schema is incomplete or the data do not fit it.
+        :raises TwinInputError: if the schema is incomplete or the table's
+            columns are not the schema's (public facts; the message names
+            columns, never values or counts of records).
+
+        **Formal guarantees.** Row ``i`` of the result depends only on the
+        schema and on record ``i``; no value of a record raises, warns or
+        prints (see :meth:`ColumnSpec.encode`).
         """
         if not self.is_complete:
             todo = {c.name: c.missing_fields() for c in self.columns if not c.is_complete}
@@ -715,7 +893,11 @@ class Schema:
         data = data.rename(columns=str)
         if len(self.columns) == 0:
             return np.zeros((len(data), 0), np.float32)
-        return np.stack([c.encode(data[c.name]) for c in self.columns], axis=1).astype(np.float32)
+        codes = np.stack([c.encode(data[c.name]) for c in self.columns], axis=1)
+        # a count's code x - lower may exceed float32's range only where the schema's
+        # range does; clipping first keeps every code finite (and the cast silent)
+        big = float(np.finfo(np.float32).max)
+        return np.clip(codes, -big, big).astype(np.float32)
 
     def decode(self, codes: np.ndarray) -> pd.DataFrame:
         """Decode a code matrix ``(n, D)`` to a DataFrame with the schema's columns and dtypes."""
@@ -740,6 +922,8 @@ class Schema:
             s = f"{c.name}: {c.kind}"
             if c.kind == "categorical":
                 s += f", {c.num_levels} levels"
+                if c.other is not None:
+                    s += f" (other: {c.other!r})"
             elif c.kind in ("real", "count"):
                 s += f" in [{c.lower:g}, {c.upper:g}], {c.distribution}"
             if c.nullable:
@@ -832,6 +1016,8 @@ def _infer_column(spec: ColumnSpec, col: pd.Series, max_levels: int) -> ColumnSp
     present = col.dropna()
     if kind == "categorical" and spec.levels is None:
         kw["levels"], ordered = _infer_levels(name, col, present, max_levels)
+        if spec.other is not None and _level_key(spec.other) not in set(map(_level_key, kw["levels"])):
+            kw["levels"] = kw["levels"] + (spec.other,)  # the declared catch-all level is always a level
         if ordered is not None:
             kw["ordered"] = ordered
         elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in kw["levels"]):
