@@ -6,7 +6,8 @@ proportional to ``exp(ε u_k / (2 Δu))``, where ``u`` are the candidates'
 scores computed from the private data and ``Δu`` bounds how much any score
 can change between neighbouring data sets (McSherry & Talwar 2007). It is the
 one place in d3p where a private choice among candidates is drawn; Gaussian
-noise is drawn in :func:`d3p.gradients.add_gaussian_noise`.
+noise is drawn in :func:`d3p.gradients.add_gaussian_noise` (and, in float64 on
+the host, by :func:`d3p.random.normal_float64`).
 
 Its privacy in zero-concentrated DP, ε²/8, is
 :func:`d3p.accounting.exponential_rho` (the mechanism is ε-bounded range:
@@ -69,7 +70,10 @@ def exponential_mechanism(rng_key, scores, *, sensitivity: float, epsilon: float
     :param scores: the candidates' scores ``u`` computed from the private data
         (higher is better).
     :param float sensitivity: Δu: the largest change of any score between
-        neighbouring data sets (under the relation the caller claims).
+        neighbouring data sets (under the relation the caller claims), as the
+        scores are computed: in floating point, it must cover their rounding
+        (compute them in float64 from exact counts and add a bound of the
+        rounding, as ``d3p.twin.marginal._scores`` does).
     :param float epsilon: ε > 0 of the selection (``inf``: the best score, no
         privacy).
     :param rng_suite: ``d3p.random`` (ChaCha20, default) or ``d3p.random.debug``.

@@ -23,5 +23,6 @@ from d3p.random.chacha import (  # noqa: F401 (re-exported, see __all__)
 )
 
 from d3p.random.discrete import discrete_gaussian
+from d3p.random.host import normal_float64
 
-__all__ = [*SUITE_API, "debug", "discrete_gaussian"]
+__all__ = [*SUITE_API, "debug", "discrete_gaussian", "normal_float64"]

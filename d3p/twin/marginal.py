@@ -30,8 +30,12 @@ synthetic data"), in d3p's own code:
    Private-PGM estimator) is the twin; records are drawn from it.
 
 Only steps 2 and 3 read the private data, through :func:`_counts`: the
-Gaussian noise comes from :func:`d3p.gradients.add_gaussian_noise` and the
-choices from :func:`d3p.selection.exponential_mechanism`, both with keys of
+counts are exact integers, the Gaussian noise is a float64 draw of
+:func:`d3p.random.normal_float64` added in float64 (:func:`_measure`; with or
+without ``jax_enable_x64``, so that a record moves a released cell by
+exactly its count's change, whatever N), the choices come from
+:func:`d3p.selection.exponential_mechanism` on float64 scores whose rounding
+is bounded and added to their sensitivity (:func:`_scores`), both with keys of
 ``d3p.random``, and every release is spent from one
 :class:`d3p.accounting.ZCDPBudget`. The schedule (how much ρ goes where, how
 many rounds) depends only on public settings: ε, δ, the schema's cells and
@@ -44,12 +48,11 @@ import math
 from itertools import combinations
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-import jax.numpy as jnp
 import numpy as np
 
 import d3p.random
 from d3p import _validate, accounting
-from d3p.gradients import add_gaussian_noise
+from d3p.gradients import noise_std
 from d3p.selection import exponential_mechanism
 from d3p.twin.cells import CellSpace
 from d3p.twin.estimation import Measurement, estimate, project
@@ -167,10 +170,11 @@ def plan_marginals(epsilon: float, delta: float, num_columns: int, *, relation: 
 
 
 def _counts(cells: np.ndarray, sizes: Sequence[int], clique: Clique) -> np.ndarray:
-    """The contingency table of ``clique``: every record adds one to one cell (private)."""
+    """The contingency table of ``clique``: every record adds one to one cell (private;
+    exact int64)."""
     shape = [sizes[v] for v in clique]
     flat = np.ravel_multi_index(tuple(cells[:, v] for v in clique), shape)
-    return np.bincount(flat, minlength=math.prod(shape)).reshape(shape).astype(np.float64)
+    return np.bincount(flat, minlength=math.prod(shape)).reshape(shape).astype(np.int64)
 
 
 def one_way_shares(sizes: Sequence[int], rho: float) -> List[float]:
@@ -185,33 +189,85 @@ def _noise_multiplier(rho: float) -> float:
     return 0.0 if math.isinf(rho) else math.sqrt(1.0 / (2.0 * rho))
 
 
+#: The released counts lie on a grid of spacing ``2**-k`` ≤ 1/2 at most ``2**-GRID_BITS``
+#: times the noise std (see :func:`_noisy_counts`).
+GRID_BITS = 12
+#: Counts, and so N, must stay below this to be exact in float64.
+MAX_EXACT_COUNT = 2 ** 53
+
+
+def _release_grid(std: float) -> float:
+    """The grid of a release with noise ``std`` (public): the largest power of two
+    ``≤ min(1/2, std · 2**-GRID_BITS)``, so that the integers are on it."""
+    return 2.0 ** min(-1, math.floor(math.log2(std)) - GRID_BITS)
+
+
+def _exact_counts(name: str, table) -> np.ndarray:
+    """``table`` as exact int64 counts. Count tables and their coarsenings hold
+    integers below ``N < 2**53`` (checked on the public N); anything else is the
+    caller's error, refused without quoting a value."""
+    t = np.asarray(table)
+    integral = np.issubdtype(t.dtype, np.integer) or (
+        np.issubdtype(t.dtype, np.floating) and np.all(np.abs(t) < MAX_EXACT_COUNT) and np.all(t == np.rint(t)))
+    if not integral or np.any(np.abs(t) >= MAX_EXACT_COUNT):
+        raise TypeError(f"Expected {name} to hold integer counts below 2**53, got dtype {t.dtype}.")
+    return t.astype(np.int64)
+
+
+def _noisy_counts(counts: np.ndarray, std: float, z: np.ndarray) -> np.ndarray:
+    """``counts + std z`` rounded to :func:`_release_grid`, in float64.
+
+    With ``n = fl(std z)`` and ``r = g rint(n / g)`` (exact: ``g`` is a power of
+    two), the result ``fl(counts + r)`` is ``fl(round_g(counts + n))``: the
+    integers are on the grid (``1/g`` even, so ``rint`` and the shift commute),
+    and a float64 sum is the correctly rounded exact sum. So the release is a
+    function of the exact sum of the integer count and the noise, and the
+    noise's lattice of float64 values below the grid (what exposes the count
+    in the low bits of a floating-point Gaussian mechanism: Mironov 2012) is
+    not in it.
+    """
+    grid = _release_grid(std)
+    r = np.rint((std * np.asarray(z, np.float64)) / grid) * grid
+    return counts.astype(np.float64) + r
+
+
 def _measure(rng_key, tables: List[np.ndarray], shares: Sequence[float], sensitivity: float, length: int):
-    """Tables with Gaussian noise, table ``i`` at ρ ``shares[i]``, in one release.
+    """Tables with Gaussian noise, table ``i`` at ρ ``shares[i]``, in one release of
+    ρ = Σ shares.
 
-    The release is ``concat(w_i t_i) + N(0, (σC)²)`` with ``w_i = sqrt(shares[i])``,
-    ``C = Δ sqrt(Σ w_i²)`` (a record is in one cell of each table) and
-    ``σ = 1 / sqrt(2 Σ shares)``: one Gaussian mechanism of ρ = Σ shares, whose
-    noise is drawn by :func:`d3p.gradients.add_gaussian_noise`; dividing by
-    ``w_i`` leaves table ``i`` with noise std ``Δ / sqrt(2 shares[i])``. The vector
-    is padded with zeros to ``length`` (fixed in a fit, so that the noise sampler
-    compiles once); the padding's noise is dropped.
+    Table ``i`` (exact integer counts) gets noise of std ``s_i = Δ / sqrt(2 shares[i])``
+    (``Δ = sensitivity``): a Gaussian mechanism of ρ ``shares[i]``, composed over the
+    tables. The noise is one draw of :func:`d3p.random.normal_float64` of
+    ``max(length, cells)`` values (``length`` fixed in a fit; the rest is dropped),
+    and the counts, the noise and the sum are float64 (:func:`_noisy_counts`),
+    with or without ``jax_enable_x64``.
 
-    :return: ``(noisy tables, their noise stds)``.
+    :return: ``(noisy tables, their noise stds)``, float64.
+
+    **Formal guarantees.** With ``Δ`` the L2 sensitivity of each table under the
+    relation, the release is ρ-zCDP up to the discretisation of the noise (see
+    :func:`d3p.random.normal_float64`): it is ``round_g(t_i + s_i Z)`` rounded to
+    float64, post-processing of the exact Gaussian mechanism, for every count
+    below 2**53. While a released value is below ``2**53 g`` (``g`` the grid), a
+    record moves it by exactly its count's change. The noise's attainable values
+    are finer than a quarter of the grid wherever ``|Z| < 8.1`` if ``s_i < 4096``
+    (``|Z| < 7.4`` if ``s_i < 2**20``); beyond, with probability below ``5.5e-16``
+    (``1.4e-13``) per released cell, the grid points that the noise can reach may
+    differ between neighbours: add that, times the number of cells, to δ.
     """
     rho = float(sum(shares))
+    counts = [_exact_counts(f"tables[{i}]", t) for i, t in enumerate(tables)]
     if math.isinf(rho):
-        return [np.asarray(t, np.float64) for t in tables], [0.0] * len(tables)
-    w = np.sqrt(np.asarray(shares, np.float64))
-    flat = np.concatenate([wi * np.ravel(t) for wi, t in zip(w, tables)])
-    padded = np.zeros(max(length, flat.size), np.float32)
-    padded[:flat.size] = flat
-    clip = sensitivity * float(np.sqrt(np.sum(w * w)))
-    noisy = np.asarray(add_gaussian_noise(jnp.asarray(padded), rng_key, _noise_multiplier(rho), clip), np.float64)
-    out, stds, start = [], [], 0
-    for wi, t in zip(w, tables):
-        out.append(noisy[start:start + t.size].reshape(t.shape) / wi)
-        stds.append(_noise_multiplier(rho) * clip / wi)
-        start += t.size
+        return [c.astype(np.float64) for c in counts], [0.0] * len(counts)
+    if any(not share > 0 for share in shares):
+        raise ValueError(f"Expected every share > 0, got shares={list(shares)!r}.")
+    stds = [noise_std(_noise_multiplier(float(share)), sensitivity) for share in shares]
+    total = sum(c.size for c in counts)
+    z = d3p.random.normal_float64(rng_key, (max(length, total),))
+    out, start = [], 0
+    for c, std in zip(counts, stds):
+        out.append(_noisy_counts(c, std, z[start:start + c.size].reshape(c.shape)))
+        start += c.size
     return out, stds
 
 
@@ -285,31 +341,46 @@ def _merged_candidates(candidates: List[_Candidate], sizes: Sequence[int],
                        sizes) for c in candidates]
 
 
+#: Unit roundoff of float64.
+_U64 = 2.0 ** -53
+
+
 def _scores(cells: np.ndarray, sizes: Sequence[int], model: GraphicalModel, candidates: List[_Candidate],
-            std: float, num_records: int) -> List[float]:
+            std: float, num_records: int) -> Tuple[List[float], float]:
     """AIM's score of each candidate: how wrong the model's table is beyond the expected
     noise of measuring it, ``‖Q(N μ) − Q(counts)‖₁ − sqrt(2/π) σ n`` for a table of n
     cells measured with noise σ (private: reads the counts); with ``std=0``, MST's
-    score, the error alone. A record changes a score by at most the L1 sensitivity
-    of one count table (N is public)."""
+    score, the error alone. In exact arithmetic a record changes a score by at most
+    the L1 sensitivity of one count table (N is public).
+
+    :return: ``(scores, margin)``: ``margin`` (public) bounds the rounding of the
+        computed scores of two neighbours, ``|û − û'| ≤ Δ₁ + margin``: the counts are
+        exact integers, each ``|f − t|`` and the ``math.fsum`` of them are correctly
+        rounded, and so is the shift, so a computed score is within
+        ``4u (F + T + c)`` of the exact one (``u = 2**-53``, ``F = Σ|f|`` the fitted
+        table's mass, ``T ≤ N + 1`` the count's, ``c`` the public shift);
+        ``margin = 16 u (max F + N + 1 + max c)``, with room for the rounding of ``F``.
+    """
     cal = calibrate(model)
-    scores = []
+    scores, largest = [], 0.0
     for c in candidates:
         fitted = project(num_records * marginal(cal, c.clique), c.coarsening)
         true = project(_counts(cells, sizes, c.clique), c.coarsening)
-        scores.append(float(np.abs(fitted - true).sum()) - math.sqrt(2.0 / math.pi) * std * c.num_cells)
-    return scores
+        shift = math.sqrt(2.0 / math.pi) * std * c.num_cells
+        scores.append(math.fsum(np.abs(fitted - true).ravel()) - shift)
+        largest = max(largest, math.fsum(np.abs(fitted).ravel()) + abs(shift))
+    return scores, 16.0 * _U64 * (largest + num_records + 1.0)
 
 
 def _select(rng_key, cells, sizes, model: GraphicalModel, candidates: List[_Candidate], plan: MarginalPlan,
             num_records: int, noise_corrected: bool = True) -> _Candidate:
     """AIM's choice: the exponential mechanism on :func:`_scores`, with the L1
-    sensitivity of a count table and ε₀ = sqrt(8 ρ_sel); without ``noise_corrected``,
-    on MST's score."""
+    sensitivity of a count table plus the scores' rounding margin and ε₀ = sqrt(8 ρ_sel);
+    without ``noise_corrected``, on MST's score."""
     std = _noise_multiplier(plan.rho_measure) * plan.l2_sensitivity if noise_corrected else 0.0
-    scores = _scores(cells, sizes, model, candidates, std, num_records)
+    scores, margin = _scores(cells, sizes, model, candidates, std, num_records)
     eps = math.sqrt(8.0 * plan.rho_select) if math.isfinite(plan.rho_select) else math.inf
-    return candidates[exponential_mechanism(rng_key, scores, sensitivity=plan.l1_sensitivity, epsilon=eps)]
+    return candidates[exponential_mechanism(rng_key, scores, sensitivity=plan.l1_sensitivity + margin, epsilon=eps)]
 
 
 def _usable(space: CellSpace, chosen: Sequence[Clique], candidates: List[_Candidate],
@@ -383,13 +454,18 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
     a Gaussian mechanism of sensitivity Δ₂ (merging cells, whether fixed by
     the schema or chosen by :func:`rare_cell_merging` from the released
     one-way tables, keeps one record in one cell) with ρ_meas; composition
-    adds them (the budget checks the total). Everything else reads only
+    adds them (the budget checks the total). The counts are exact, the noise
+    is added in float64 to a public grid and the scores' rounding is part of
+    their sensitivity (:func:`_measure`, :func:`_scores`: up to the float64
+    discretisation of the noise stated there). Everything else reads only
     these releases and public settings (the target's columns, which rounds
     are restricted to them, and the parts a tree round joins, read from the
     cliques already released, are public: the candidate set of a round is
     fixed before it reads the data; MST's score drops a public term only).
     """
     num_records, num_columns = cells.shape
+    if num_records >= MAX_EXACT_COUNT:
+        raise ValueError(f"Expected fewer than 2**53 records (exact float64 counts), got N={num_records}.")
     target = tuple(sorted({int(v) for v in target}))
     if any(not 0 <= v < num_columns for v in target):
         raise ValueError(f"Expected target column indices in [0, {num_columns}), got {list(target)}.")
