@@ -118,7 +118,7 @@ def _run_with_progress_bar(run_chunk, svi_state, records, num_steps, plan):
             recent = recent[recent == recent]
             avg = float(recent.mean()) if recent.size else float("nan")
             bar.set_postfix_str(
-                f"avg. loss: {avg:.4g}, ε ≤ {plan.tracker.epsilon(done):.3g} (δ={plan.target_delta:.2g})",
+                f"avg. loss (not private): {avg:.4g}, ε ≤ {plan.tracker.epsilon(done):.3g} (δ={plan.target_delta:.2g})",
                 refresh=False,
             )
             bar.update(length)

@@ -37,6 +37,7 @@ from d3p._gradient_lists import (  # noqa: F401 (public, see __all__)
     get_observations_scale,
     normalize_gradient,
 )
+from d3p._public_init import public_guide_setup, public_records
 from d3p._records import _depends_on_inputs, _evaluate_constant_outputs, _records
 from d3p._run import _require_batches, _run_with_progress_bar, _RunCache, _RunPlan
 
@@ -279,6 +280,10 @@ class DPSVI(SVI):
     (:meth:`get_epsilon`). The loss returned by :meth:`update`,
     :meth:`evaluate` and :meth:`run` is computed from the un-noised data and is
     NOT private; so is anything else derived from the data without noise.
+    Initialisation (:meth:`init`, and :meth:`run` without ``init_state``)
+    reads only public information: the data's shapes and dtypes, the keys,
+    ``init_params`` and records declared public (``init_data``); no record
+    can change the initial state, make it fail, or be kept in the guide.
 
     **Formal guarantees on several devices.** With a mesh (``mesh``, or one
     set in context with :func:`jax.set_mesh`), all of the above holds
@@ -563,34 +568,72 @@ class DPSVI(SVI):
 
     # ------------------------------------------------------------------ API
 
-    def init(self, rng_key, *args, init_params=None, **kwargs) -> DPSVIState:
-        """Gets the initial :class:`DPSVIState`.
+    def init(self, rng_key, *args, init_params=None, init_data=None, **kwargs) -> DPSVIState:
+        """Gets the initial :class:`DPSVIState`, from public information only.
 
-        The model and guide are run on the batch to find the parameters and
-        their shapes, so the batch needs at least one record (a batch of zero
-        rows raises ``ValueError``). Models DP-VI cannot make private are
-        refused here, with a ``ValueError`` that says why (see :class:`DPSVI`).
+        The model and guide are run to find the parameters and their shapes,
+        but never on the batch's values: they run on ones with the batch's
+        shapes and dtypes (public), with the observed sites' likelihood left
+        out of NumPyro's search for valid initial values, or on ``init_data``
+        that the caller declares public. So the initial parameters, and what
+        the guide keeps afterwards (an autoguide's prototype trace), hold no
+        private value; an autoguide set up earlier on other data is set up
+        again. A model or guide that needs real values to initialise (e.g. a
+        likelihood evaluated in a latent site's prior) raises a ``ValueError``
+        that says to pass ``init_data`` or ``init_params``. Models DP-VI
+        cannot make private are refused here, with a ``ValueError`` that says
+        why (see :class:`DPSVI`).
+
+        **Formal guarantees.** The returned state is a function of the key,
+        the batch's shapes and dtypes, ``init_params``, ``init_data`` and the
+        model, guide and ``static_kwargs`` only: two batches of the same
+        shapes give the same state whatever their values (non-finite and
+        extreme values included), and the same errors.
 
         :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey(...)``).
-        :param args: a batch of per-record data, as for :meth:`update`.
-        :param dict init_params: if not None, initial values of param sites.
+        :param args: a batch of per-record data, as for :meth:`update`; only
+            its shapes and dtypes are read (at least one row).
+        :param dict init_params: if not None, initial values of param sites
+            (public).
+        :param init_data: optional PUBLIC records on which model and guide are
+            initialised instead of ones (e.g. a public sample, or synthetic
+            records): the positional data as a tuple, or ``(args, kwargs)``
+            when the data has keyword arrays; per-record shapes and dtypes as
+            the batch's. Their values enter the initial state: never pass
+            private data here.
         :param kwargs: per-record keyword data for model and guide, as for
-            :meth:`update`.
+            :meth:`update`; only shapes and dtypes are read.
         :return: the initial state.
         """
         records, treedef, size = _records(args, kwargs)
         if size == 0:
             raise ValueError(
                 "Expected at least one record in the batch given to init, got 0 rows: init "
-                "runs the model and guide on the batch to find the parameters."
+                "runs the model and guide on ones shaped like the batch."
             )
+        public, rows = public_records(init_data, records, treedef, size)
+        return self._init_public(rng_key, public, treedef, rows, init_params, real_values=init_data is not None)
+
+    def _init_public(self, rng_key, public, treedef, size, init_params, real_values) -> DPSVIState:
+        """:meth:`init` on the public records ``public`` (ones shaped like a batch
+        of ``size`` rows, or ``init_data``: ``real_values``)."""
         mesh = _sharding.concrete_mesh(self._batch_layout())   # checks the mesh and batch_axis first
         _sharding.check_same_in_every_process("rng_key", rng_key)
-        args, kwargs = jax.tree.unflatten(treedef, records)
+        args, kwargs = jax.tree.unflatten(treedef, public)
         rng_key, init_key = self.rng_suite.split(rng_key, 2)
         jax_init_key = self.rng_suite.convert_to_jax_rng_key(init_key)
-        with _BatchSubsample():
-            state = super().init(jax_init_key, *args, init_params=init_params, **kwargs)
+        with _BatchSubsample(), public_guide_setup(self.guide, ignore_likelihood=not real_values):
+            try:
+                state = super().init(jax_init_key, *args, init_params=init_params, **kwargs)
+            except (ValueError, RuntimeError) as err:
+                if real_values:
+                    raise
+                raise ValueError(
+                    f"The model or guide could not be initialised on public placeholders (ones "
+                    f"shaped like the data; DPSVI never initialises from private records): {err} "
+                    "Pass public values: init_params={...} for the parameters, or init_data=... "
+                    "(records you declare public, e.g. synthetic ones) to init or run."
+                ) from err
         if state.mutable_state is not None:
             raise ValueError(
                 f"The model or guide has mutable state ({sorted(state.mutable_state)}). DP-VI "
@@ -598,7 +641,7 @@ class DPSVI(SVI):
                 "leak it without any privacy guarantee."
             )
         # the model's structure and its public scale, now, for a clear early error
-        scale = self._observation_scale(self.optim.get_params(state.optim_state), treedef, records)
+        scale = self._observation_scale(self.optim.get_params(state.optim_state), treedef, public)
         state = DPSVIState(state.optim_state, None, rng_key, _batch_scale(scale, size))
         # with a mesh: replicated on its devices, the same in every process
         return _sharding.replicate(state, mesh)
@@ -878,7 +921,7 @@ class DPSVI(SVI):
             accountant: str = "fourier", relation: Optional[str] = None, progress_bar: bool = True,
             stable_update: bool = False, forward_mode_differentiation: bool = False,
             init_state: Optional[DPSVIState] = None, init_params: Optional[dict] = None,
-            **kwargs) -> DPSVIRunResult:
+            init_data=None, **kwargs) -> DPSVIRunResult:
         """Run ``num_steps`` DP-VI steps, each on a fresh random batch of the data.
 
         Unlike :meth:`numpyro.infer.SVI.run`, which uses the data it is given
@@ -926,7 +969,10 @@ class DPSVI(SVI):
         :param bool forward_mode_differentiation: as in NumPyro.
         :param DPSVIState init_state: continue from this state (its privacy
             spending is not included in the reported ε).
-        :param dict init_params: initial values of param sites.
+        :param dict init_params: initial values of param sites (public).
+        :param init_data: optional public records to initialise on, as for
+            :meth:`init`; by default the run initialises on ones shaped like
+            one batch (never on the data).
         :param kwargs: per-record keyword data (``N`` rows each).
         :return: :class:`DPSVIRunResult` ``(params, state, losses)`` with the
             fields ``epsilon``, ``delta``, ``relation``, ``sampler``, ``sigma``,
@@ -944,10 +990,14 @@ class DPSVI(SVI):
         gather, run_chunk = self._run_cache.steps(update, plan.sampler, self.rng_suite, treedef,
                                                   forward_mode_differentiation, self._run_layout())
         svi_state = init_state
-        if svi_state is None:  # initialised on the first batch
-            a, k, _, ok = gather(batch_key, records, 0)
-            a, k = _require_batches(ok, plan.sampler, (a, k))
-            svi_state = self.init(init_key, *a, init_params=init_params, **k)
+        if svi_state is None:  # initialised from public information: a batch's shapes, or init_data
+            batch = jax.eval_shape(gather, batch_key, records, 0)[:2]
+            like_batch = [jnp.zeros(x.shape, x.dtype) for x in jax.tree.leaves(batch)]
+            public, rows = public_records(init_data, like_batch, treedef, len(like_batch[0]) if like_batch else 0)
+            svi_state = self._init_public(init_key, public, treedef, rows, init_params,
+                                          real_values=init_data is not None)
+        elif init_data is not None:
+            raise ValueError("Expected init_data only without init_state: the state is already initialised.")
         self._check_state(svi_state)
         _sharding.check_same_in_every_process("init_state", svi_state.rng_key)
         (svi_state,) = self._replicated(svi_state)
