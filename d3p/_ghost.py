@@ -26,16 +26,18 @@ Whatever the analysis concludes, the per-record bound used for clipping is
 computed from the very ``a`` and ``δ`` (and residual gradients) that are then
 summed, so the sensitivity bound never depends on the analysis being right;
 only the equality with the plain per-record gradient does, and the tests check
-that. The Gram form is evaluated in floating point, where rows that cancel
-can make it arbitrarily small relative to the truth; the bound used is
-therefore not the computed Gram value but a certified upper bound (see
-:func:`gram_bound`): the Gram value plus its worst-case rounding error, never
-more than the triangle bound ``Σ_r ‖a_r‖‖δ_r‖``, plus the rounding that the
-record's terms can cause in the product that sums all records. Records whose
-rows nearly cancel are therefore clipped more than necessary (never less);
-for single rows (a dense layer applied to a vector) the bound is within a few
-units of roundoff of the exact norm. The floating-point primitives (scaled
-norms, rounding bounds, the clip factor) are those of :mod:`d3p.gradients`.
+that. The bound used for a record is that of ``Σ_r |a_r| |δ_r|ᵀ`` (the
+entries replaced by their magnitudes; see :func:`gram_bound`), which is at
+least the exact norm of ``Σ_r a_r δ_rᵀ`` and also bounds the rounding that
+the record's rows can cause in the products that sum all records: so a
+record whose rows cancel is clipped as if they did not (never less than its
+exact norm requires); for single rows (a dense layer applied to a vector)
+it is the exact norm, within a few units of roundoff. The products contract
+``k`` rows each (``d3p.gradients._ghost_rows_per_product``: small enough
+that their rounding fits the margin of the sum), and their results are
+added up in double-float like every other sum over records. The
+floating-point primitives (scaled norms, rounding bounds, the clip factor,
+the double-float sum) are those of :mod:`d3p.gradients`.
 """
 
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
@@ -406,35 +408,34 @@ def to_leaf(plan: Plan, g: int, canonical, leaf_value):
     return vjp(G.astype(apply_chain(leaf_value).dtype))[0]
 
 
-def gram_bound(A, D, sum_depth: int):
+def gram_bound(A, D):
     """Per record, bounds for clipping the contribution ``AᵀD = Σ_r a_r ⊗ d_r`` of
     one ghost leaf; ``A``: (B, R, n_in), ``D``: (B, R, n_out), the values that
     are then summed, with the clipping factor ``f`` applied to ``A``.
 
-    :param int sum_depth: the most additions an entry of one record's ``AᵀD``
-        passes through in the product that sums over all records (and chunks).
-    :return: ``(M, E)``, shape (B,) each: the record's contribution to the
-        summed product, ``einsum(f A, D)`` restricted to its rows, has norm at
-        most ``f (1 + u) M + E`` (``u`` covers the multiplication by ``f``);
-        ``inf`` for records with non-finite entries or a bound that overflows.
+    :return: ``(M, E)``, shape (B,) each: ``M`` is at least the norm of
+        ``Σ_r |a_r| |d_r|ᵀ`` (entries replaced by their magnitudes), hence of
+        the record's exact contribution ``Σ_r (f a_r) d_rᵀ`` per unit of
+        ``f`` and of the weight ``Σ_r |f a_r| |d_r|ᵀ`` of the rounding its
+        rows can cause in the products that sum all records (the
+        multiplication by ``f`` adds ``(1 + u)``); ``E`` the absolute error
+        of entries below the smallest normal number; ``inf`` for records
+        with non-finite entries or a bound that overflows.
 
     **Why these are bounds.** With ``T`` an upper bound of ``Σ_r ‖a_r‖ ‖d_r‖``
     from row norms (``d3p.gradients._norm_bound`` and its primitives), the
-    exact norm is at most ``T`` (triangle inequality; for one row it is
-    ``‖a‖ ‖d‖`` itself). For R > 1, with ``A`` and ``D`` scaled by powers of
-    two (exact) so that their largest entries lie in [1, 4), it is also at
-    most ``sqrt(s + c T² + φ)``, where ``s`` is the computed
-    Gram form ``Σ_uv (a_u·a_v)(d_u·d_v)``, whose rounding error (Gram entries
-    formed in any order: ``γ(n_in)‖a_u‖‖a_v‖`` and ``γ(n_out)‖d_u‖‖d_v‖``; the
-    products and their blocked sum: ``γ(depth + 1)`` of their magnitudes) is at
-    most ``c T²`` because ``Σ_uv ‖a_u‖‖a_v‖‖d_u‖‖d_v‖ = (Σ_u ‖a_u‖‖d_u‖)²``,
-    and ``φ`` covers results flushed below the smallest normal number ``tiny``.
-    When rows cancel, ``s`` may be 0 while the exact norm is not; the bound is
-    then ``sqrt(c) T``, never less than the truth. Summing ``f A`` against
-    ``D`` over all records adds at most ``γ(sum_depth)`` times
-    ``Σ_r |f a_r| |d_r|``, whose norm is at most ``f (1 + u) T``: ``M`` adds
-    ``γ(sum_depth + 2) T``. Entries below ``tiny``, which a backend may treat
-    as zero in any of these products, move the exact norm by at most
+    norm of ``Σ_r |a_r| |d_r|ᵀ`` is at most ``T`` (triangle inequality; for
+    one row it is ``‖a‖ ‖d‖`` itself). For R > 1, with ``A`` and ``D``
+    scaled by powers of two (exact) so that their largest entries lie in
+    [1, 4), it is also at most ``sqrt(s + c T² + φ)``, where ``s`` is the
+    computed Gram form ``Σ_uv (|a_u|·|a_v|)(|d_u|·|d_v|)`` (no cancellation:
+    every term is non-negative), whose rounding error (Gram entries formed
+    in any order: ``γ(n_in)‖a_u‖‖a_v‖`` and ``γ(n_out)‖d_u‖‖d_v‖``; the
+    products and their blocked sum: ``γ(depth + 1)`` of their magnitudes) is
+    at most ``c T²`` because ``Σ_uv ‖a_u‖‖a_v‖‖d_u‖‖d_v‖ = (Σ_u ‖a_u‖‖d_u‖)²``,
+    and ``φ`` covers results flushed below the smallest normal number
+    ``tiny``. Entries below ``tiny``, which a backend may treat as zero in
+    any of these products, move the exact norm by at most
     ``tiny (sqrt(n_in) Σ_r‖d_r‖ + sqrt(n_out) Σ_r‖a_r‖)`` (in ``M``), and
     ``f A`` flushed to zero moves the sum by at most ``tiny sqrt(n_in) Σ_r‖d_r‖``
     whatever ``f`` (in ``E``, with the flushed products ``R sqrt(n_in n_out) tiny``).
@@ -446,31 +447,29 @@ def gram_bound(A, D, sum_depth: int):
     rnd = g._rounding(acc, A.dtype, D.dtype)
     _, R, n_in = A.shape
     n_out = D.shape[2]
-    A, D = A.astype(acc), D.astype(acc)
-    share = np.asarray(g._gamma(sum_depth + 2, rnd) * (1 + 1e-3), acc)
+    A, D = jnp.abs(A.astype(acc)), jnp.abs(D.astype(acc))
     # the Gram form's error bound (relative to T²) grows with the sizes; where
     # it could not beat the triangle bound, T alone is the bound
     if R == 1 or (n_in + n_out + 2 * R + 2) * rnd.u > 1e-2:
-        M, sum_a, sum_d = _triangle_bound(A, D, share, rnd)
+        M, sum_a, sum_d = _triangle_bound(A, D, rnd)
     else:
-        M, sum_a, sum_d = _gram_form_bound(A, D, share, rnd)
+        M, sum_a, sum_d = _gram_form_bound(A, D, rnd)
     return _with_tiny_entries(M, sum_a, sum_d, R, n_in, n_out, rnd)
 
 
-def _triangle_bound(A, D, share, rnd):
+def _triangle_bound(A, D, rnd):
     """``(M, Σ_r ‖a_r‖, Σ_r ‖d_r‖)`` of :func:`gram_bound` from ``T`` alone, in
     real units: row norms (overflow-safe), ``T = Σ_r ‖a_r‖‖d_r‖``."""
     g = gradients
     R = A.shape[1]
     na, nd = g._norm_bound(A), g._norm_bound(D)  # (B, R)
-    T = g._up(jnp.sum(na * nd, axis=1), R, rnd)
-    M = g._up(T + share * T, 2, rnd)
+    M = g._up(jnp.sum(na * nd, axis=1), R, rnd)
     sum_a = g._up(jnp.sum(na, axis=1), R - 1, rnd)
     sum_d = g._up(jnp.sum(nd, axis=1), R - 1, rnd)
     return M, sum_a, sum_d
 
 
-def _gram_form_bound(A, D, share, rnd):
+def _gram_form_bound(A, D, rnd):
     """``(M, Σ_r ‖a_r‖, Σ_r ‖d_r‖)`` of :func:`gram_bound` from the Gram form,
     computed in units scaled by powers of two (exact) so that the largest
     entries of a record's ``A`` and ``D`` lie in [1, 4)."""
@@ -481,8 +480,7 @@ def _gram_form_bound(A, D, share, rnd):
     na = g._scaled_norm_bound(An, 1, rnd)  # (B, R)
     nd = g._scaled_norm_bound(Dn, 1, rnd)
     T = g._up(jnp.sum(na * nd, axis=1), R, rnd)
-    N = jnp.minimum(_gram_norm_bound(An, Dn, T, rnd), T)
-    M = g._times_pow2(g._up(N + share * T, 2, rnd), -(sa + sd))
+    M = g._times_pow2(jnp.minimum(_gram_norm_bound(An, Dn, T, rnd), T), -(sa + sd))
     sum_a = g._times_pow2(g._up(jnp.sum(na, axis=1), R, rnd), -sa)
     sum_d = g._times_pow2(g._up(jnp.sum(nd, axis=1), R, rnd), -sd)
     return M, sum_a, sum_d
@@ -549,29 +547,28 @@ def trace_plan(loss_fn: Callable, params: PyTree, records: PyTree) -> Tuple[Plan
     return analyse(closed, len(p_leaves), sizes), p_def, r_def
 
 
-def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clipping_threshold,
-                sum_depth: Callable[[int], int]):
-    """Clipped sum, losses and norm bounds for one chunk of records.
-
-    ``sum_depth(rows)``: the most additions an entry of one record passes
-    through in the sum over all records, when each record has ``rows`` terms
-    in the product (see :func:`d3p.gradients._sum_depth`).
+def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clipping_threshold, reserve: float,
+                block_rows: int):
+    """Clipped sum (double-float pairs), losses and norm bounds for one chunk of records.
 
     Each record's clipping factor comes from :func:`d3p.gradients._clip_factor`
     applied to one bound over all leaves: :func:`gram_bound` for ghost leaves,
     :func:`d3p.gradients._record_bound` of the exact per-record gradients of
-    the others (each including its share of the rounding of the sum over records),
-    so that what is added for the record, including rounding, has norm at most
-    ``C``. Records with mask False or a non-finite bound contribute exactly
-    zero (``where``, so their ``nan`` never reaches the sum). Every product
-    that feeds a bound or the sum runs at ``Precision.HIGHEST``.
+    the others, so that what is added for the record has exact norm at most
+    ``clipping_threshold`` less ``reserve`` (the sum's fixed allowance, see
+    ``d3p.gradients._SumBudget``), and the rounding weight of its rows in the
+    products is bounded by the same norm. Records with mask False or a
+    non-finite bound contribute exactly zero (``where``, so their ``nan``
+    never reaches the sum). Every product that feeds a bound or the sum runs
+    at ``Precision.HIGHEST``; the sum's products contract ``block_rows`` rows
+    each.
     """
     dtypes = [jnp.result_type(x) for x in param_leaves]
     losses, leaf_rows, res_grads = _ghost_pass(plan, param_leaves, record_leaves, mask.shape[0])
-    norms, abs_err = _ghost_bounds(plan, leaf_rows, res_grads, param_leaves, sum_depth, mask.shape[0])
-    factor, keep = gradients._clip_decision(norms, clipping_threshold, abs_err, dtypes, mask)
-    summed = _ghost_sums(plan, leaf_rows, res_grads, param_leaves, factor, keep)
-    return (jax.tree.unflatten(p_def, summed),) + gradients._real_only(mask, losses, norms)
+    norms, abs_err = _ghost_bounds(plan, leaf_rows, res_grads, param_leaves, mask.shape[0])
+    factor, keep = gradients._clip_decision(norms, clipping_threshold, abs_err + reserve, dtypes, mask)
+    hi, lo = _ghost_sums(plan, leaf_rows, res_grads, param_leaves, factor, keep, block_rows)
+    return (jax.tree.unflatten(p_def, hi), jax.tree.unflatten(p_def, lo)), *gradients._real_only(mask, losses, norms)
 
 
 def _ghost_pass(plan: Plan, param_leaves, record_leaves, B: int):
@@ -616,11 +613,10 @@ def _leaf_rows(uses: Sequence[GhostUse], xs, deltas, index):
     return A, D
 
 
-def _ghost_bounds(plan: Plan, leaf_rows, res_grads, param_leaves, sum_depth, B: int):
+def _ghost_bounds(plan: Plan, leaf_rows, res_grads, param_leaves, B: int):
     """``(norms, abs_err)`` per record for :func:`d3p.gradients._clip_decision`:
     one bound over all leaves (:func:`gram_bound` per ghost leaf,
-    :func:`d3p.gradients._record_bound` of the residual gradients), each
-    including its share of the rounding of the sum over records, and the
+    :func:`d3p.gradients._record_bound` of the residual gradients), and the
     absolute error that does not scale with the clip factor."""
     g = gradients
     dtypes = [jnp.result_type(x) for x in param_leaves]
@@ -628,11 +624,11 @@ def _ghost_bounds(plan: Plan, leaf_rows, res_grads, param_leaves, sum_depth, B: 
     rnd = g._rounding(acc, *dtypes)
     bounds, abs_errs = [], []  # per part, shape (B,)
     for A, D in leaf_rows:
-        M, E = gram_bound(A, D, sum_depth(A.shape[1]))
+        M, E = gram_bound(A, D)
         bounds.append(M.astype(acc))
         abs_errs.append(E.astype(acc))
     if res_grads:
-        bounds.append(g._record_bound(res_grads, sum_depth(1)).astype(acc))
+        bounds.append(g._record_bound(res_grads).astype(acc))
     norms = g._norm_bound(jnp.stack(bounds, axis=1)) if bounds else jnp.zeros((B,), acc)
     res_size = sum(g._rows(grad).shape[1] for grad in res_grads)
     res_dtypes = [jnp.result_type(param_leaves[i]) for i in plan.residual_leaves]
@@ -640,19 +636,39 @@ def _ghost_bounds(plan: Plan, leaf_rows, res_grads, param_leaves, sum_depth, B: 
     return norms, g._up(abs_err, len(abs_errs), rnd)
 
 
-def _ghost_sums(plan: Plan, leaf_rows, res_grads, param_leaves, factor, keep):
-    """The clipped sum per parameter leaf: ``(f A)ᵀ D`` over all records and rows
-    for ghost leaves, the sum of clipped exact gradients for the others; every
-    product at ``Precision.HIGHEST``; records with ``keep`` False add exactly 0."""
+def _ghost_sums(plan: Plan, leaf_rows, res_grads, param_leaves, factor, keep, block_rows: int):
+    """The clipped sum per parameter leaf as double-float pairs ``(hi, lo)`` (lists
+    over the leaves): for ghost leaves, products ``(f A)ᵀ D`` of ``block_rows``
+    rows each, added up by :func:`d3p.gradients._df_tree`; for the others the
+    double-float sum of the clipped exact gradients. Every product at
+    ``Precision.HIGHEST``; records with ``keep`` False add exactly 0."""
     g = gradients
-    summed = list(param_leaves)
+    hi, lo = list(param_leaves), list(param_leaves)
     for j, leaf in enumerate(plan.ghost_leaves):
         A, D = leaf_rows[j]
         cA, D0 = g._keep_records(A, keep, factor), g._keep_records(D, keep)
-        dtype = jnp.result_type(cA.dtype, D0.dtype)
-        G = jnp.einsum("bri,bro->io", cA.astype(dtype), D0.astype(dtype), precision=lax.Precision.HIGHEST)
-        summed[leaf] = to_leaf(plan, j, G, param_leaves[leaf])
+        # the accumulation dtype of the parameter (a conversion of wider
+        # activations is one of the roundings the clip factor allows for)
+        dtype = g._acc_dtype(jnp.result_type(param_leaves[leaf]))
+        h, l_ = g._df_tree(_block_products(cA.astype(dtype), D0.astype(dtype), block_rows))
+        hi[leaf] = to_leaf(plan, j, h, jnp.asarray(param_leaves[leaf], dtype))
+        lo[leaf] = to_leaf(plan, j, l_, jnp.asarray(param_leaves[leaf], dtype))
     for leaf, grad in zip(plan.residual_leaves, res_grads):
         clipped = g._keep_records(grad, keep, factor)
-        summed[leaf] = jnp.sum(clipped, axis=0).astype(param_leaves[leaf].dtype)
-    return summed
+        hi[leaf], lo[leaf] = g._df_tree(clipped.astype(g._acc_dtype(clipped.dtype)))
+    return hi, lo
+
+
+def _block_products(A, D, k: int):
+    """``(n_blocks, n_in, n_out)``: the products ``Σ_r a_r d_rᵀ`` over consecutive
+    blocks of ``k`` of the rows of all records (zero rows pad the last block)."""
+    n_in, n_out = A.shape[2], D.shape[2]
+    A, D = A.reshape(-1, n_in), D.reshape(-1, n_out)
+    rows = A.shape[0]
+    k = max(1, min(int(k), rows))
+    nb = -(-rows // k)
+    if nb * k > rows:
+        A = jnp.concatenate([A, jnp.zeros((nb * k - rows, n_in), A.dtype)])
+        D = jnp.concatenate([D, jnp.zeros((nb * k - rows, n_out), D.dtype)])
+    return jnp.einsum("nki,nko->nio", A.reshape(nb, k, n_in), D.reshape(nb, k, n_out),
+                      precision=lax.Precision.HIGHEST)

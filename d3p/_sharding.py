@@ -18,15 +18,20 @@ default), with :func:`jax.shard_map`:
    assumes;
 2. every device computes the clipped sum of its shard with the same
    function as on one device (:func:`d3p.gradients.clipped_grad_sum` with
-   ``num_shards=D``, whose certified bound then covers the ``D - 1``
-   additions of step 3; or :func:`d3p.discrete.clipped_integer_sum`, whose
-   int32 sum is exact), with the parameters cast to device-varying values so
+   ``num_shards=D``, whose public error bound then covers the whole batch
+   of ``D`` shards and step 3, and whose clipping threshold is the
+   one-device one; or :func:`d3p.discrete.clipped_integer_sum`, whose int32
+   sum is exact), with the parameters cast to device-varying values so
    that each device differentiates its own records only (a replicated
    parameter's gradient would otherwise be summed over devices by the
    transpose of its implicit broadcast, mixing records of different devices
    before clipping);
-3. one ``psum`` over the batch axes adds the partial sums: the clipped sum
-   over the whole batch, replicated;
+3. the partial sums are gathered on every device (``all_gather`` over the
+   batch axes, in device order) and added up there by the same double-float
+   tree (:func:`d3p.gradients._df_tree`; integer sums exactly): the clipped
+   sum over the whole batch, the same bits on every device, with the error
+   bound of ``d3p.gradients._SumBudget`` whatever order an all-reduce would
+   have chosen;
 4. the caller adds the noise to that replicated sum once, from the replicated
    noise key (outside the ``shard_map``, as on one device): every device
    holds the same released value, with noise of the one-device scale.
@@ -45,6 +50,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from d3p import _validate
+from d3p import gradients
 from d3p.gradients import ClippedSum
 
 
@@ -153,10 +159,12 @@ def sharded_sum(layout: Optional[BatchLayout], sum_fn: Callable[..., ClippedSum]
 
     **Formal guarantees.** The sum is that of ``sum_fn`` over the shards, and
     every record is in exactly one shard, chosen by its position alone:
-    added slots are masked out and contribute exactly zero, so if ``sum_fn``
-    bounds each record's contribution, including its share of the rounding
-    of ``num_shards`` partial sums added in any order, by ``C``, the released
-    sum has sensitivity ``C`` (``2 C`` substituted) as on one device.
+    added slots are masked out and contribute exactly zero. The partial sums
+    are added by a fixed double-float tree, identical on every device, so if
+    ``sum_fn`` clips every record to ``C (1 - η)`` and certifies its error for
+    ``num_shards`` partial sums so added (as
+    :func:`d3p.gradients.clipped_grad_sum` does), the released sum has
+    sensitivity ``C`` (``2 C`` substituted) as on one device.
     """
     B = int(jax.tree.leaves(records)[0].shape[0])
     if layout is None:
@@ -172,7 +180,7 @@ def sharded_sum(layout: Optional[BatchLayout], sum_fn: Callable[..., ClippedSum]
         # device-varying parameters: each device's gradients are of its own records only
         params = jax.lax.pcast(params, layout.axes, to="varying")
         result = sum_fn(params, records, mask, D)
-        return jax.lax.psum(result.grad_sum, layout.axes), result.losses, result.norms
+        return _gathered_sum(result.grad_sum, layout.axes), result.losses, result.norms
 
     # check_vma=False: models' own loops (e.g. numpyro's plate subsampling)
     # carry device-invariant values that device-varying keys update, which the
@@ -182,6 +190,21 @@ def sharded_sum(layout: Optional[BatchLayout], sum_fn: Callable[..., ClippedSum]
     )(params, records, mask)
     losses, norms = _place((losses, norms), layout, P())   # explicit axes: sliceable to B
     return ClippedSum(grad_sum, losses[:B], norms[:B])
+
+
+def _gathered_sum(partial, axes):
+    """The sum over the devices of ``axes`` of ``partial`` (a pytree), the same on
+    every device: gathered in device order, then a double-float tree of
+    additions for float leaves (see :func:`d3p.gradients._df_tree`), an
+    exact sum for integer leaves."""
+
+    def total(x):
+        gathered = jax.lax.all_gather(x, axes, tiled=False)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return jnp.sum(gathered, axis=0)
+        return gradients._df_tree(gathered.astype(gradients._acc_dtype(x.dtype)))[0].astype(x.dtype)
+
+    return jax.tree.map(total, partial)
 
 
 def partitioned(layout: Optional[BatchLayout], fn: Callable, leaves):

@@ -14,19 +14,25 @@ in the private helper ``d3p._ghost``) use:
 
 - the overflow-safe norm bound: ``_norm_bound`` (scaling by powers of two in
   ``_unit_scaled``, the bound of a scaled norm in ``_scaled_norm_bound``);
-  the bound of a record's gradient over all its leaves, including its share
-  of the rounding of the sum over records: ``_record_bound``; ghost norms
-  (``d3p._ghost.gram_bound``) build on ``_unit_scaled``,
+  the bound of a record's gradient over all its leaves: ``_record_bound``;
+  ghost norms (``d3p._ghost.gram_bound``) build on ``_unit_scaled``,
   ``_scaled_norm_bound`` and ``_norm_bound``;
-- the rounding of the sum over records: ``_sum_depth``;
+- the sum over records and its public error bound: ``_df_add`` and
+  ``_df_tree`` (double-float accumulation), ``_SumBudget`` (the threshold
+  every record is clipped to and the check that the sum's error fits the
+  margin);
 - the clip factor: ``_clip_factor`` (with ``_flush_slack``), turned into the
   per-record decision by ``_clip_decision`` and applied by ``_keep_records``;
 - the noise standard deviation: :func:`noise_std`;
 - the noise addition: :func:`add_gaussian_noise`, the only place where
-  privacy noise is drawn.
+  continuous privacy noise is drawn in JAX (``d3p.random.discrete_gaussian``
+  draws the discrete mechanism's integers, ``d3p.random.normal_float64`` the
+  marginal twin's float64 noise on the host).
 
 Strategies (:data:`STRATEGIES`) of :func:`clipped_grad_sum`, which all
-compute the same clipped sum up to float rounding:
+compute the same clipped sum up to float rounding (except that ``"ghost"``
+clips records with several rows per product by their rows' magnitudes, see
+:func:`clipped_grad_sum`):
 
 - ``"auto"`` (default): chosen from static information by
   :func:`choose_strategy`;
@@ -36,14 +42,18 @@ compute the same clipped sum up to float rounding:
   (default: as many as fit ``memory_budget_bytes``);
 - ``"scan"``: one record at a time;
 - ``"ghost"``: per-record gradient norms from the activations and output
-  gradients of the dense products in which a parameter is used
-  (``‖∂W‖² = Σ (a_u·a_v)(δ_u·δ_v)``, with a certified bound of its rounding
-  error), and the clipped sum as one matrix product over all records, never
+  gradients of the dense products in which a parameter is used (the norm
+  of ``Σ_r |a_r| |δ_r|ᵀ``, from ``Σ (|a_u|·|a_v|)(|δ_u|·|δ_v|)``, with a
+  certified bound of its rounding error), and the clipped sum as matrix
+  products over the rows of all records, never
   forming per-record gradients of such parameters (those whose every use,
   through reshapes and transposes, is an operand of a ``dot_general``
   without batch dimensions); exact per-record gradients for the other
   parameters in the same pass (all of them, if none qualifies). Chunked like
-  ``"chunked"`` when the per-record activations exceed the budget.
+  ``"chunked"`` when the per-record activations exceed the budget; the
+  matrix product contracts at most ``k`` rows at a time, ``k`` falling as
+  ``B`` grows so that its rounding fits the margin (``"auto"`` takes exact
+  per-record gradients where not even ``k = 1`` fits).
 
 Why the clipping bound holds (the formal guarantees of
 :func:`clipped_grad_sum` and :func:`clip_gradient`), by construction rather
@@ -60,6 +70,33 @@ than by testing:
 - the clipping factor leaves room for the rounding of applying it and for
   values flushed below the smallest normal number (``_clip_factor``), and a
   factor that would itself be below the smallest normal number is 0.
+
+Why the released sum moves by at most ``C`` when one record is added or
+removed, whatever the order of the records and whatever the others are:
+
+- every record is clipped to ``C (1 - η)`` (exact norm of what is added for
+  it, as above), ``η`` a public constant of the sum's dtype (``_sum_margin``:
+  ``2^-7`` for float32, ``2^-30`` for float64), the same for every batch
+  size, strategy and number of devices, so that the other records' clipped
+  contributions do not change when one record is added or removed, even if
+  the number of slots ``B`` changes with it;
+- the clipped contributions ``c_i`` are summed in double-float arithmetic
+  (``_df_add``: pairs ``(hi, lo)``, each addition made error-free by
+  Dekker's Fast2Sum on operands ordered by magnitude,
+  ``s = a + b, e = b - (s - a)``, ``a + b = s + e`` exactly, barring
+  overflow; no multiplication, so no FMA contraction can alter it): a
+  pairwise tree over the records of a chunk (``_df_tree``), sequentially
+  over chunks, and a pairwise tree over devices. The computed sum ``F``
+  then satisfies, whatever the values and their order,
+  ``‖F - S‖ <= E = ε_B Σ_i ‖c_i‖ + e_tiny``, ``S`` the exact sum of the
+  ``c_i`` (proof in ``_SumBudget``); ``ε_B`` (of order ``u``) and
+  ``e_tiny`` (``2^40 sqrt(P)`` times the smallest normal number, about
+  ``1e-26 sqrt(P)`` in float32, for ``P`` parameter entries) are public,
+  from the number of slots, chunks and devices and the dtypes only;
+- the sum is refused (``ValueError`` naming the batch size) unless
+  ``2 ε_B B <= η``; every record's room is further reduced by ``2 e_tiny``.
+  Then for neighbouring data sets ``D, D'`` (one record ``c_0`` more in
+  ``D``): ``‖F(D) - F(D')‖ <= ‖c_0‖ + E(D) + E(D') <= C``.
 """
 import logging
 from typing import Any, Callable, NamedTuple, Optional, Tuple
@@ -92,6 +129,7 @@ __all__ = [
 PyTree = Any
 
 #: Names of the per-record gradient strategies; all compute the same clipped sum
+#: up to rounding, but for "ghost" on records with several rows per product
 #: (see :func:`clipped_grad_sum`).
 STRATEGIES = ("auto", "vmap", "chunked", "scan", "ghost")
 
@@ -106,10 +144,11 @@ class ClippedSum(NamedTuple):
     - **norms** - per record, the upper bound of its total gradient norm
       from which its clipping factor was computed, shape ``(B,)``, 0 for
       padded records, ``inf`` for non-finite gradients. It includes the
-      rounding of computing the norm and of summing the record into the
-      batch: within a few units of roundoff (times ``sqrt`` of the leaf size)
-      of the exact norm, except under ``"ghost"`` for records whose rows
-      cancel (see :func:`clipped_grad_sum`). NOT private.
+      rounding of computing the norm: within a few units of roundoff (times
+      ``sqrt`` of the leaf size) of the exact norm, except under ``"ghost"``
+      for records with several rows per product, where it bounds the norm
+      of the record's gradient with every row's entries replaced by their
+      magnitudes (see :func:`clipped_grad_sum`). NOT private.
     """
 
     grad_sum: PyTree
@@ -356,18 +395,17 @@ def _per_record(values: jax.Array, x: jax.Array) -> jax.Array:
     return values.reshape((x.shape[0],) + (1,) * (x.ndim - 1))
 
 
-def _record_bound(leaves, sum_depth: int) -> jax.Array:
+def _record_bound(leaves, extra_roundings: int = 0) -> jax.Array:
     """Per record (leading axis ``B`` of every leaf), an upper bound of the L2 norm
-    of its entries in all ``leaves`` taken together as one vector, plus the
-    rounding that they can cause when the records are summed
-    (``gamma(sum_depth)`` times their magnitudes, for any order of summation),
-    in the widest of the leaves' dtypes (at least float32): ``inf`` if an
-    entry is non-finite. ``sum_depth``: the most additions any entry passes
-    through in that sum (see :func:`_sum_depth`), 0 for a record on its own."""
+    of its entries in all ``leaves`` taken together as one vector, in the
+    widest of the leaves' dtypes (at least float32): ``inf`` if an entry is
+    non-finite. ``extra_roundings``: further relative roundings of every
+    entry that the bound must cover (``gamma(extra_roundings)``; none for the
+    values themselves)."""
     dtypes = [x.dtype for x in leaves]
     acc = _acc_dtype(*dtypes)
     per_leaf = jnp.stack([_norm_bound(_rows(g)).astype(acc) for g in leaves], axis=1)
-    return _up(_norm_bound(per_leaf), sum_depth, _rounding(acc, *dtypes))
+    return _up(_norm_bound(per_leaf), extra_roundings, _rounding(acc, *dtypes))
 
 
 def _clip_decision(bound: jax.Array, clipping_threshold, abs_err, dtypes, mask=None):
@@ -395,23 +433,25 @@ def _real_only(mask: jax.Array, *per_record: jax.Array) -> Tuple[jax.Array, ...]
     return tuple(jnp.where(mask, v, 0.0) for v in per_record)
 
 
-def _clip_records(grads: PyTree, clipping_threshold, sum_depth: int, mask: Optional[jax.Array] = None):
-    """Clip per-record gradients (leading axis ``B`` on every leaf).
+def _clip_records(grads: PyTree, clipping_threshold, abs_err: float = 0.0, mask: Optional[jax.Array] = None):
+    """Clip per-record gradients (leading axis ``B`` on every leaf) so that the
+    exact norm of each clipped record plus ``abs_err`` is at most
+    ``clipping_threshold``.
 
-    ``sum_depth``: the most additions any entry passes through when the clipped
-    gradients are summed over records; the rounding that a record's entries can
-    cause there, ``gamma(sum_depth)`` times their magnitudes, is counted as part
-    of its contribution. Returns ``(clipped, bounds)``; records with non-finite
-    entries, and those with ``mask`` False if given, get zeros (``where``, so
-    that ``nan`` does not reach the sum).
+    ``abs_err``: an absolute allowance reserved in every record's room besides
+    its own flushed entries (the sum's ``2 e_tiny``, see :class:`_SumBudget`;
+    0 for a record on its own). Returns ``(clipped, bounds)``; records with
+    non-finite entries, and those with ``mask`` False if given, get zeros
+    (``where``, so that ``nan`` does not reach the sum).
     """
     leaves = jax.tree.leaves(grads)
     if not leaves:
         return grads, jnp.zeros((0,))
     dtypes = [x.dtype for x in leaves]
-    bound = _record_bound(leaves, sum_depth)
+    bound = _record_bound(leaves)
     size = sum(_rows(x).shape[1] for x in leaves)
-    factor, keep = _clip_decision(bound, clipping_threshold, _flush_slack(size, dtypes), dtypes, mask)
+    slack = _flush_slack(size, dtypes) + float(abs_err)
+    factor, keep = _clip_decision(bound, clipping_threshold, slack, dtypes, mask)
     return jax.tree.map(lambda g: _keep_records(g, keep, factor), grads), bound
 
 
@@ -485,8 +525,11 @@ def _batch_size(records: PyTree) -> int:
     return int(jnp.shape(leaves[0])[0])
 
 
-def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode, sum_depth):
-    """``(sum, losses, norms)`` of one chunk of records from their exact per-record gradients."""
+def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode, abs_err=0.0):
+    """``((hi, lo), losses, norms)`` of one chunk of records from their exact
+    per-record gradients: the clipped sum as double-float pairs (see
+    :func:`_df_tree`), each record clipped to ``clipping_threshold`` with
+    ``abs_err`` reserved (see :func:`_clip_records`)."""
     if mask.shape[0] == 1:
         # one record: no vmap, so that XLA sees plain (un-batched) products
         one = jax.tree.map(lambda x: x[0], records)
@@ -494,41 +537,241 @@ def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_m
         losses, grads = loss[None], jax.tree.map(lambda g: g[None], grad)
     else:
         losses, grads = per_record_value_and_grad(loss_fn, params, records, forward_mode=forward_mode)
-    clipped, norms = _clip_records(grads, clipping_threshold, sum_depth, mask)
-    summed = jax.tree.map(lambda g: jnp.sum(g, axis=0), clipped)
-    return (summed,) + _real_only(mask, losses, norms)
+    clipped, norms = _clip_records(grads, clipping_threshold, abs_err, mask)
+    return (_df_tree_pytree(clipped),) + _real_only(mask, losses, norms)
 
 
-def _sum_depth(B: int, chunk: int, rows: int = 1, shards: int = 1) -> int:
-    """The most additions an entry of one record passes through in the sum over a
-    batch of ``B`` records in chunks of ``chunk`` (``rows`` terms per record and
-    chunk in one reduction, then one addition per chunk), when that sum is then
-    added to those of ``shards - 1`` other shards of the batch (a sum of
-    ``shards`` partial sums passes each through at most ``shards - 1``
-    additions, in any order or tree)."""
+# ---------------------------------------------------------------------------
+# The sum over records: double-float accumulation and its public error bound.
+# ---------------------------------------------------------------------------
+
+
+def _fast_two_sum(a: jax.Array, b: jax.Array) -> Tuple[jax.Array, jax.Array]:
+    """``(s, e)``: ``s = fl(a + b)`` and its rounding error ``e``, with
+    ``a + b = s + e`` exactly (Dekker's Fast2Sum on the operands ordered by
+    magnitude; round to nearest, no overflow), up to less than 3 ``tiny``
+    where a backend flushes results (or treats inputs) below the smallest
+    normal number ``tiny`` to zero: see :class:`_SumBudget`. Additions and
+    subtractions only, so FMA contraction cannot alter it, and XLA does not
+    reassociate floating-point additions (``tests/test_sum_sensitivity.py``
+    checks the exactness after compilation)."""
+    swap = jnp.abs(a) < jnp.abs(b)
+    big = jnp.where(swap, b, a)
+    small = jnp.where(swap, a, b)
+    s = big + small
+    return s, small - (s - big)
+
+
+def _df_add(x, y):
+    """The sum of two double-float pairs ``(hi, lo)`` (of value ``hi + lo``),
+    renormalised (``|lo| <= u |hi|``): the ``hi`` parts are added
+    error-free, the ``lo`` parts and that error in floating point, and the
+    result split again by Fast2Sum. Its error is at most
+    ``3.02 u² (|hi_x| + |hi_y|) + 8 tiny`` per entry (:class:`_SumBudget`)."""
+    (h1, l1), (h2, l2) = x, y
+    s, e = _fast_two_sum(h1, h2)
+    return _fast_two_sum(s, (l1 + l2) + e)
+
+
+def _df_tree(hi: jax.Array, lo: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
+    """The double-float sum ``(hi, lo)`` over the leading axis of ``hi`` (and
+    ``lo``, zeros if None): a pairwise tree of :func:`_df_add`, levels padded
+    with zeros (added exactly), so every entry passes through
+    ``ceil(log2(n))`` additions."""
+    lo = jnp.zeros_like(hi) if lo is None else lo
+    n = hi.shape[0]
+    if n == 0:
+        return jnp.zeros(hi.shape[1:], hi.dtype), jnp.zeros(hi.shape[1:], hi.dtype)
+    while n > 1:
+        if n % 2:
+            pad = jnp.zeros((1,) + hi.shape[1:], hi.dtype)
+            hi, lo = jnp.concatenate([hi, pad]), jnp.concatenate([lo, pad])
+            n += 1
+        hi, lo = _df_add((hi[0::2], lo[0::2]), (hi[1::2], lo[1::2]))
+        n //= 2
+    return hi[0], lo[0]
+
+
+def _unzip(treedef, pairs) -> Tuple[PyTree, PyTree]:
+    """Two pytrees of structure ``treedef`` from one whose leaves are pairs."""
+    flat = treedef.flatten_up_to(pairs)
+    return treedef.unflatten([x[0] for x in flat]), treedef.unflatten([x[1] for x in flat])
+
+
+# leaves with at most this many entries per record are summed in one tree
+# (fewer, larger operations); larger ones on their own (no copy)
+_DF_JOIN_MAX = 1 << 12
+
+
+def _df_tree_pytree(clipped: PyTree) -> Tuple[PyTree, PyTree]:
+    """``(hi, lo)``: two pytrees like ``clipped`` with the double-float sum
+    (:func:`_df_tree`) over the leading (record) axis of every leaf, in the
+    accumulation dtype of the leaf (at least float32). Small leaves of one
+    dtype are concatenated into one tree: the same additions, entry by entry."""
+    leaves, treedef = jax.tree.flatten(clipped)
+    out = [None] * len(leaves)
+    groups = {}
+    for i, x in enumerate(leaves):
+        x = x.astype(_acc_dtype(x.dtype))
+        if _rows(x).shape[1] <= _DF_JOIN_MAX:
+            groups.setdefault(x.dtype, []).append(i)
+        else:
+            out[i] = _df_tree(x)
+    for dtype, idx in groups.items():
+        rows = [_rows(leaves[i].astype(dtype)) for i in idx]
+        hi, lo = _df_tree(jnp.concatenate(rows, axis=1) if len(rows) > 1 else rows[0])
+        start = 0
+        for i, r in zip(idx, rows):
+            shape = leaves[i].shape[1:]
+            stop = start + r.shape[1]
+            out[i] = (hi[start:stop].reshape(shape), lo[start:stop].reshape(shape))
+            start = stop
+    return treedef.unflatten([o[0] for o in out]), treedef.unflatten([o[1] for o in out])
+
+
+def _df_add_pytrees(x: Tuple[PyTree, PyTree], y: Tuple[PyTree, PyTree]) -> Tuple[PyTree, PyTree]:
+    """:func:`_df_add` leaf by leaf on ``(hi, lo)`` pairs of pytrees."""
+    pairs = jax.tree.map(lambda a, b, c, d: _df_add((a, b), (c, d)), x[0], x[1], y[0], y[1])
+    return _unzip(jax.tree.structure(x[0]), pairs)
+
+
+def _df_rounded(pair: Tuple[PyTree, PyTree], like: PyTree) -> PyTree:
+    """The ``hi`` part of a renormalised pair of pytrees, in the dtypes of ``like``."""
+    return jax.tree.map(lambda h, p: h.astype(jnp.result_type(p)), pair[0], like)
+
+
+def _sum_margin(dtype) -> float:
+    """``η``: the fraction of ``C`` reserved for the rounding of the sum over
+    records in ``dtype``, the same for every batch: ``2^-7`` for float32
+    and coarser (batches up to about 65,000 slots), ``2^-30`` for float64
+    (about 4 million slots)."""
+    return 2.0**-7 if jnp.finfo(dtype).eps >= 2.0**-23 else 2.0**-30
+
+
+# the counts of roundings flushed below `tiny` that the fixed allowance covers
+_TINY_COUNT = 2.0**40
+
+
+class _SumBudget(NamedTuple):
+    """The public error bound of the sum over records and the threshold the
+    records are clipped to (static: from shapes and dtypes only).
+
+    - **slots** - ``B``: record slots of the whole batch (all devices).
+    - **rel** - ``ε_B``: the computed sum ``F`` of clipped contributions
+      ``c_i`` satisfies ``‖F - S‖ <= ε_B Σ_i ‖c_i‖ + e_tiny``.
+    - **tiny** - ``e_tiny``, the same for every batch size.
+    - **margin** - ``η`` (:func:`_sum_margin`), with ``2 ε_B B <= η``.
+    - **acc** - the dtype of the accumulation.
+
+    **Proof.** Per entry, with ``u`` the unit roundoff and ``tiny`` the
+    smallest normal number of the accumulation dtype. (1) Fast2Sum: with
+    ``|a| >= |b|``, ``s - a`` and ``b - (s - a)`` are exact in round to
+    nearest (Dekker 1971; Boldo, Graillat & Muller 2017 with gradual
+    underflow); a backend that flushes a result below ``tiny`` to zero
+    changes ``e`` by less than ``tiny`` (if ``s - a`` or ``s`` is flushed,
+    ``e`` becomes ``b`` or 0 and the defect is ``|s - a|`` or ``|a + b|``,
+    below ``tiny``), and inputs below ``tiny`` treated as zero move ``a + b``
+    by less than ``2 tiny``. (2) :func:`_df_add` of renormalised pairs
+    (``|l| <= u |h| + tiny``): the only inexact steps are the two additions
+    forming ``t = (l1 + l2) + e``, off by at most
+    ``u (|l1 + l2| + |t|) + 2 tiny <= 3.02 u² (|h1| + |h2|)`` plus ``8 tiny``
+    with the Fast2Sum defects. (3) Every ``hi`` is at most ``1.01`` times the
+    sum of the magnitudes of the terms below it, so over the whole
+    computation the errors add up to ``4 u² d M + 8 n tiny``, ``M`` the sum
+    of the magnitudes of the terms, ``d`` the most additions a term passes
+    through (``ceil(log2)`` of a chunk's terms, one per chunk, and
+    ``ceil(log2 D) + 1`` over ``D`` devices) and ``n`` the additions. (4) The
+    result is the final ``hi``: dropping ``lo`` costs ``u |S|`` (and a
+    conversion to a coarser parameter dtype ``u_p |S|`` and ``tiny_p``); on
+    several devices each device's partial sum is so rounded once more. (5)
+    Under ``"ghost"``, every product of ``k`` rows is off by at most
+    ``γ(k)`` times ``Σ_r |f a_r| |δ_r|ᵀ`` (plus ``2 tiny`` per row), whose
+    norm is at most ``f (1 + u) M_i`` per record (``d3p._ghost.gram_bound``).
+    The L2 norm of the per-entry bounds ``u |S| + 4 u² d M`` is at most
+    ``(u + 4 u² d) Σ_i ‖c_i‖`` (``‖S‖`` and ``‖M‖`` are at most
+    ``Σ_i ‖c_i‖``), and that of the ``tiny`` terms at most
+    ``sqrt(P) (2^40 tiny + 2 tiny_p)`` while every entry's count is below
+    ``2^40`` (checked).
+    """
+
+    slots: int
+    rel: float
+    tiny: float
+    margin: float
+    acc: Any
+
+    def threshold(self, clipping_threshold, dtype) -> jax.Array:
+        """``C (1 - η)``, rounded down: what every record is clipped to."""
+        eps = float(jnp.finfo(dtype).eps)
+        return jnp.asarray(clipping_threshold, dtype) * np.asarray(1.0 - self.margin - 8 * eps, dtype)
+
+    def reserve(self) -> float:
+        """The absolute room reserved in every record's bound: ``2 e_tiny``."""
+        return 2.0 * self.tiny
+
+
+def _sum_rel(acc, out_dtypes, depth: int, shards: int, products: float = 0.0) -> float:
+    """``ε_B`` of :class:`_SumBudget` for a sum whose terms pass through at
+    most ``depth`` double-float additions, over ``shards`` devices, plus
+    ``products`` (the relative error of ghost products)."""
+    u = _rounding(acc).u
+    u_out = max([_rounding(d).u for d in out_dtypes] or [u])
+    final = u + (u_out if u_out > u else 0.0)
+    return (final * (2 if shards > 1 else 1) + 4 * u * u * depth + products) * (1 + 1e-6)
+
+
+def _sum_budget(B: int, chunk: int, shards: int, params: PyTree, terms_per_slot: float = 1.0,
+                product_rows: int = 0, products: float = 0.0, check: bool = True) -> _SumBudget:
+    """The :class:`_SumBudget` of ``shards`` partial sums of ``B`` slots each in
+    chunks of ``chunk`` slots (``terms_per_slot`` double-float terms per slot:
+    ghost products per record; ``product_rows`` rows per record in products
+    of relative error ``products``), or, if ``check``, ``ValueError`` naming
+    the batch size if its error cannot fit the margin."""
+    leaves = jax.tree.leaves(params)
+    dtypes = [jnp.result_type(x) for x in leaves]
+    acc = _acc_dtype(*dtypes)
     chunk = max(1, min(int(chunk), B))
-    return chunk * rows + -(-B // chunk) + (shards - 1)
+    terms = max(1, int(np.ceil(chunk * terms_per_slot)))
+    depth = int(np.ceil(np.log2(terms))) + -(-B // chunk) + (int(np.ceil(np.log2(shards))) + 1 if shards > 1 else 0)
+    rel = _sum_rel(acc, dtypes, depth, shards, products)
+    margin = _sum_margin(acc)
+    slots = B * shards
+    if check and 2 * rel * slots > margin:
+        limit = int(margin / (2 * rel))
+        raise ValueError(
+            f"Expected a batch of at most {limit} record slots for a certified {jnp.dtype(acc).name} sum, "
+            f"got batch size B={slots}" + (f" ({shards} devices of {B})" if shards > 1 else "")
+            + ": its rounding would exceed the margin reserved in the clipping threshold. Use smaller "
+            "batches, or float64 parameters (jax_enable_x64)."
+        )
+    count = 8 * (slots * max(terms_per_slot, 1.0) + -(-B // chunk) * shards + 2 * shards) + 2 * slots * product_rows
+    if check and count > _TINY_COUNT:
+        raise ValueError(f"Expected fewer record slots, got batch size B={slots}.")
+    P = sum(int(np.size(x)) for x in leaves)
+    tiny_out = max([float(jnp.finfo(d).tiny) for d in dtypes] or [0.0])
+    tiny = float(np.sqrt(max(P, 1))) * (_TINY_COUNT * float(jnp.finfo(acc).tiny) + 2 * tiny_out) * 1.01
+    return _SumBudget(slots, rel, tiny, margin, acc)
 
 
-def _shard_sum_depth(B: int, chunk: int, rows: int = 1, shards: int = 1) -> int:
-    """The depth certified for one of ``shards`` partial sums of ``B`` records
-    each: at least :func:`_sum_depth` with the cross-shard additions, and never
-    below the depth of the whole batch of ``shards * B`` slots summed on one
-    device under the same rule (unchunked, or in chunks of ``chunk``). A
-    larger depth only makes the bound more conservative; this one makes a
-    sharded step clip every record exactly as the one-device step on the same
-    batch does (up to the masked slots that pad it to a multiple of
-    ``shards``), whatever the number of shards."""
-    own = _sum_depth(B, chunk, rows, shards)
-    if shards == 1:
-        return own
-    whole = shards * B
-    return max(own, _sum_depth(whole, whole if chunk >= B else chunk, rows))
+def _check_sum_threshold(clipping_threshold, budget: _SumBudget) -> None:
+    """Raise ``ValueError`` naming ``clipping_threshold`` if a concrete ``C``
+    lets the sum of ``B`` slots overflow (its error bound needs finite sums)."""
+    try:
+        C = float(clipping_threshold)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return
+    limit = float(jnp.finfo(budget.acc).max) / 8
+    if np.isfinite(C) and C * budget.slots >= limit:
+        raise ValueError(
+            f"Expected clipping_threshold * B below {limit:.3g} (the sum of B={budget.slots} clipped "
+            f"records must not overflow), got clipping_threshold={C}."
+        )
 
 
 def _in_chunks(chunk_fn, params, records, mask, chunk):
-    """Run ``chunk_fn(records, mask) -> (sum, losses, norms)`` over chunks of
-    ``chunk`` records under ``lax.scan`` and add up the sums."""
+    """Run ``chunk_fn(records, mask) -> ((hi, lo) pairs, losses, norms)`` over
+    chunks of ``chunk`` records under ``lax.scan`` and add up the pairs in
+    double-float (one :func:`_df_add` per chunk)."""
     B = mask.shape[0]
     chunk = max(1, min(int(chunk), B))
     if chunk >= B:
@@ -543,14 +786,14 @@ def _in_chunks(chunk_fn, params, records, mask, chunk):
 
     chunked_records = jax.tree.map(pad_and_split, records)
     chunked_mask = pad_and_split(mask)  # padding is False
-    zero = jax.tree.map(jnp.zeros_like, params)
+    zero = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), _acc_dtype(jnp.result_type(p))), params)
 
     def body(acc, xs):
         recs, m = xs
         s, losses, norms = chunk_fn(recs, m)
-        return jax.tree.map(jnp.add, acc, s), (losses, norms)
+        return _df_add_pytrees(acc, s), (losses, norms)
 
-    total, (losses, norms) = lax.scan(body, zero, (chunked_records, chunked_mask))
+    total, (losses, norms) = lax.scan(body, (zero, zero), (chunked_records, chunked_mask))
     return total, losses.reshape(-1)[:B], norms.reshape(-1)[:B]
 
 
@@ -636,14 +879,24 @@ def _choose(loss_fn, params, records, B, strategy, chunk_size, forward_mode, bud
         if plan is None:
             raise ValueError(f"strategy='ghost' cannot be used for this loss: {why_not}.")
         only_exact = "" if plan[0].ghost_leaves else f"; exact per-record gradients only ({why_not})"
-        return _ghost_choice(plan, "requested" + only_exact, sizes)
+        choice = _ghost_choice(plan, "requested" + only_exact, sizes, params)
+        if choice is None:
+            raise ValueError(
+                f"Expected a batch whose ghost products can be certified, got batch size B={B}: its "
+                "rounding would exceed the margin reserved in the clipping threshold even with one row "
+                "per product. Use strategy='chunked' or smaller batches."
+            )
+        return choice
     if plan is not None and plan[0].ghost_leaves:
         p = plan[0]
         reason = (
             f"ghost norms for {p.ghost_size} of {sizes.P} parameter entries, exact per-record "
             f"gradients for {p.residual_size}"
         )
-        return _ghost_choice(plan, reason, sizes)
+        choice = _ghost_choice(plan, reason, sizes, params)
+        if choice is not None:
+            return choice
+        why_not = f"{B} slots are too many for certified ghost products"
     return _exact_choice(plan, why_not, sizes), None
 
 
@@ -673,11 +926,21 @@ def _ghost_plan(loss_fn, params, records, forward_mode: bool):
     return plan, None
 
 
-def _ghost_choice(plan, reason: str, sizes: _Sizes):
-    """``(StrategyChoice, plan)`` for ghost norms, in chunks that fit the budget."""
+def _ghost_choice(plan, reason: str, sizes: _Sizes, params):
+    """``(StrategyChoice, plan)`` for ghost norms, in chunks that fit the budget
+    (per record: its activations, output gradients and residual gradients,
+    and its share of the products of ``k`` rows, see
+    :func:`_ghost_rows_per_product`); None if no ``k`` fits this batch."""
     p = plan[0]
+    rows = _ghost_rows(plan)
     per_record = p.per_record_floats * sizes.itemsize * _COPIES
     chunk = sizes.fixed_chunk or _budget_chunk(per_record, sizes.budget, sizes.B)
+    k = _ghost_rows_per_product(params, sizes.B, chunk, 1, rows)
+    if k is None:
+        return None
+    if sizes.fixed_chunk is None and k < chunk * rows:
+        per_record += int(np.ceil(p.ghost_size * rows / k)) * sizes.itemsize
+        chunk = _budget_chunk(per_record, sizes.budget, sizes.B)
     return StrategyChoice("ghost", None if chunk >= sizes.B else chunk, reason, p.ghost_size), plan
 
 
@@ -819,7 +1082,8 @@ def clipped_grad_sum(
         :class:`StrategyChoice` taken (static information only), or None.
     :param str strategy: how per-record gradients are formed, one of
         :data:`STRATEGIES` (described in the module documentation); all compute
-        the same clipped sum up to float rounding. ``"auto"`` (default) is
+        the same clipped sum up to float rounding, but for ``"ghost"`` on
+        records with several rows per product (see below). ``"auto"`` (default) is
         chosen by :func:`choose_strategy`; ``"ghost"`` raises ``ValueError``
         if the loss of one record cannot be traced on its own.
     :param int chunk_size: records per chunk for ``"chunked"`` and ``"ghost"``.
@@ -827,43 +1091,50 @@ def clipped_grad_sum(
     :param int memory_budget_bytes: bytes of per-record quantities held at once
         (``"auto"``, ``"chunked"``, ``"ghost"``); default
         :data:`DEFAULT_MEMORY_BUDGET_BYTES`.
-    :param int num_shards: how many such partial sums (one per device) are added into the released sum.
+    :param int num_shards: how many such partial sums (one per device, ``B``
+        slots each) make up the released sum (see :mod:`d3p._sharding`).
     :return: :class:`ClippedSum`.
+    :raises ValueError: naming the batch size if the sum of ``B * num_shards``
+        slots cannot be certified within the margin (more than about 65,000
+        float32 slots; fewer under ``"ghost"``, see below), or naming
+        ``clipping_threshold`` if ``B C`` could overflow.
 
-    **Formal guarantees.** The gradient of every record is clipped as one
-    vector over all parameter leaves. For every record, what the strategy
-    adds to the sum for it (the sum with only that record real) has exact
-    L2 norm at most ``C``, computed from the floating-point values returned,
-    for every ``C > 0``, on every backend and at its default matmul
-    precision; more strongly, the exact norm of the record's clipped
-    contribution plus the worst-case rounding error that its entries can
-    cause in the sum over the batch (``gamma(depth)`` times their magnitudes,
-    for any order of summation, ``depth`` the additions an entry passes
-    through: chunk size, rows and chunks, and ``num_shards - 1`` for adding up
-    the partial sums in any order or tree; with several shards never less
-    than the depth of all ``num_shards`` shards' records summed on one
-    device, so that a sharded sum clips as the one-device sum does) is at
-    most ``C``. This holds by
-    construction, not by testing (see "Why the clipping bound holds" in the
-    module documentation).
+    **Formal guarantees.** Relation: add/remove one record (including masking
+    it out and deleting its row, so that ``B`` changes), or substitute one.
 
-    Hence for any two record sets that differ by adding or removing one
-    record (or by masking it out) the exact sums of what is added differ by
-    at most ``C`` in L2 norm, and by at most ``2 C`` when one record is
-    substituted; the computed sums differ by that plus the rounding of summing
-    the other records in floating point. Padded records (``mask`` False) and
-    records with a non-finite gradient or bound contribute exactly zero;
-    their values, even ``nan``, never reach the sum. An all-padded batch gives
-    an exact zero sum. The strategy changes only how the sum is computed,
-    never these guarantees. What it may change is how far below ``C`` a
-    clipped record lands: about ``sqrt(n) u`` relative (``n`` the largest
-    leaf size, ``u`` the unit roundoff) for every strategy; but under
-    ``"ghost"``, the bound of a record with several rows per product is at
-    least about ``sqrt((n_in + n_out + 2 R) u)`` times the triangle bound
-    ``Σ_r ‖a_r‖‖δ_r‖``, since the Gram form cannot resolve a norm more
-    finely than that in floating point: a record whose rows nearly cancel is
-    clipped more than its exact norm requires (never less). ``losses`` and
-    ``norms`` are computed from the un-noised data and are NOT private.
+    - Every record's gradient is clipped as one vector over all parameter
+      leaves to ``C (1 - η)``: what the strategy adds to the sum for it has
+      exact L2 norm at most ``C (1 - η)``, computed from the floating-point
+      values used, for every ``C > 0``, on every backend and at its default
+      matmul precision. ``η`` (``2^-7`` for float32, ``2^-30`` for float64)
+      is a public constant: the same for every batch size, strategy and
+      number of shards, so a record's clipped contribution never depends on
+      the other records or on their number.
+    - The returned sum ``F`` is within ``E`` of the exact sum ``S`` of the
+      clipped contributions, ``E = ε_B Σ_i ‖c_i‖ + e_tiny`` with ``2 ε_B B
+      <= η`` and every record's room reduced by ``2 e_tiny``, whatever the
+      values and the order of the records (double-float summation; proof in
+      the module documentation and ``_SumBudget``). Hence the released sum
+      moves by at most ``C`` in L2 norm when one record is added, removed or
+      masked out, and by at most ``2 C`` when one is substituted, by
+      construction, not by testing.
+    - Padded records (``mask`` False) and records with a non-finite
+      gradient or bound contribute exactly zero; their values, even ``nan``,
+      never reach the sum. An all-padded batch gives an exact zero sum.
+    - The strategy changes only how the sum is computed, never these
+      guarantees. Every strategy clips a record with one row per product to
+      within about ``sqrt(n) u`` (``n`` the largest leaf size, ``u`` the unit
+      roundoff) below ``C (1 - η)``. Under ``"ghost"``, a record with several
+      rows per product is clipped by the norm of ``Σ_r |a_r| |δ_r|ᵀ`` (its
+      rows' magnitudes), which also bounds the rounding its rows cause in
+      the products that sum the batch: a record whose rows differ in sign is
+      clipped more than its exact norm requires (never less).
+    - The same record's per-record gradient can round differently in
+      programs compiled for different batch shapes or devices; the
+      guarantees above are for the values computed, and the values of two
+      such programs are not bounded against each other by this argument.
+    - ``losses`` and ``norms`` are computed from the un-noised data and are
+      NOT private.
     """
     on_choice = _optional_callable("on_choice", on_choice)
     num_shards = _validate.integer("num_shards", num_shards, minimum=1)
@@ -873,7 +1144,8 @@ def clipped_grad_sum(
     mask = _check_mask(mask, B)
     _report_choice(choice, B, on_choice)
     if B == 0:
-        return ClippedSum(*_clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode, 0))
+        pair, losses, norms = _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode)
+        return ClippedSum(_df_rounded(pair, params), losses, norms)
     return _sum_on_this_platform(loss_fn, params, records, mask, clipping_threshold, forward_mode,
                                  choice, plan, B, num_shards)
 
@@ -883,12 +1155,17 @@ def _sum_on_this_platform(loss_fn, params, records, mask, clipping_threshold, fo
     """The clipped sum under ``choice``, or, where ``choice.elsewhere`` is set,
     under ``choice`` on CPU and ``choice.elsewhere`` on other platforms, picked
     when the program is lowered (:func:`jax.lax.platform_dependent`)."""
+    private = not _is_concrete_inf(clipping_threshold)
 
     def clipped_sum(choice, params, records, mask):
         chunk = B if choice.chunk_size is None else choice.chunk_size
-        chunk_fn = _chunk_function(loss_fn, params, clipping_threshold, forward_mode, choice, plan, B, chunk,
-                                   num_shards)
-        return ClippedSum(*_in_chunks(chunk_fn, params, records, mask, chunk))
+        budget, block_rows = _budget_of(choice, plan, params, B, chunk, num_shards, private)
+        _check_sum_threshold(clipping_threshold, budget)
+        threshold = budget.threshold(clipping_threshold, budget.acc)
+        chunk_fn = _chunk_function(loss_fn, params, threshold, budget.reserve(), forward_mode, choice, plan,
+                                   block_rows)
+        pair, losses, norms = _in_chunks(chunk_fn, params, records, mask, chunk)
+        return ClippedSum(_df_rounded(pair, params), losses, norms)
 
     if choice.elsewhere is None:
         return clipped_sum(choice, params, records, mask)
@@ -897,6 +1174,60 @@ def _sum_on_this_platform(loss_fn, params, records, mask, clipping_threshold, fo
         cpu=lambda *a: clipped_sum(choice._replace(elsewhere=None), *a),
         default=lambda *a: clipped_sum(choice.elsewhere, *a),
     )
+
+
+def _is_concrete_inf(clipping_threshold) -> bool:
+    """Whether ``C`` is a concrete ``inf`` (the non-private setting)."""
+    try:
+        return bool(np.isinf(float(clipping_threshold)))
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return False
+
+
+def _ghost_rows(plan) -> int:
+    """The most rows per record of a ghost leaf's products."""
+    return max([sum(u.rows for u in us) for us in plan[0].uses] or [1])
+
+
+def _ghost_rows_per_product(params, B: int, chunk: int, shards: int, rows: int) -> Optional[int]:
+    """``k``: the most rows (of ``rows`` per record) contracted in one product
+    of the ghost sum so that its rounding, ``γ(k)`` relative (see
+    :class:`_SumBudget`), fits the margin with the rest of the sum's error
+    for ``shards`` partial sums of ``B`` slots in chunks of ``chunk``; None
+    if not even one row per product fits. Larger ``k`` means fewer, larger
+    products (less memory, faster); ``k`` falls as ``B`` grows."""
+    leaves = jax.tree.leaves(params)
+    dtypes = [jnp.result_type(x) for x in leaves]
+    acc = _acc_dtype(*dtypes)
+    u = _rounding(acc).u
+    terms = max(1, min(chunk, B) * rows)
+    depth = int(np.ceil(np.log2(terms))) + -(-B // max(1, min(chunk, B))) + int(np.ceil(np.log2(shards))) + 1
+    room = _sum_margin(acc) / (2 * B * shards) - _sum_rel(acc, dtypes, depth, shards)
+    k = min(int(room / (u * 1.01)), terms)
+    while k >= 1 and _gamma(k, _rounding(acc)) * (1 + u) * (1 + 1e-6) > room:
+        k = int(k * 0.99)
+    return k if k >= 1 else None
+
+
+def _budget_of(choice, plan, params, B: int, chunk: int, shards: int, check: bool = True):
+    """``(_SumBudget, rows per ghost product or None)`` of a sum under ``choice``."""
+    if choice.strategy != "ghost":
+        return _sum_budget(B, chunk, shards, params, check=check), None
+    rows = _ghost_rows(plan)
+    k = _ghost_rows_per_product(params, B, chunk, shards, rows)
+    if k is None:
+        if check:
+            raise ValueError(
+                f"Expected a batch whose ghost products can be certified, got batch size B={B * shards}: "
+                "its rounding would exceed the margin reserved in the clipping threshold even with one "
+                "row per product. Use strategy='chunked' or smaller batches."
+            )
+        k = 1
+    acc = _acc_dtype(*[jnp.result_type(x) for x in jax.tree.leaves(params)])
+    products = _gamma(k, _rounding(acc)) * (1 + _rounding(acc).u)
+    budget = _sum_budget(B, chunk, shards, params, terms_per_slot=max(1.0, rows / k), product_rows=rows,
+                         products=products, check=check)
+    return budget, k
 
 
 def _check_mask(mask, B: int) -> jax.Array:
@@ -914,14 +1245,11 @@ def _report_choice(choice: StrategyChoice, B: int, on_choice) -> None:
         on_choice(choice)
 
 
-def _chunk_function(loss_fn, params, clipping_threshold, forward_mode, choice, plan, B, chunk, num_shards=1):
-    """``chunk_fn(records, mask) -> (sum, losses, norms)`` for one chunk of records
-    under ``choice``; ``B`` records in chunks of ``chunk`` make up the sum, one
-    of ``num_shards`` partial sums that are added up afterwards."""
-
-    def sum_depth(rows: int = 1) -> int:
-        return _shard_sum_depth(B, chunk, rows, num_shards)
-
+def _chunk_function(loss_fn, params, threshold, reserve, forward_mode, choice, plan, block_rows):
+    """``chunk_fn(records, mask) -> ((hi, lo), losses, norms)`` for one chunk of
+    records under ``choice``, every record clipped to ``threshold`` with
+    ``reserve`` kept free (see :class:`_SumBudget`); ghost products contract
+    ``block_rows`` rows each."""
     if choice.strategy == "ghost":
         from d3p import _ghost
 
@@ -929,13 +1257,13 @@ def _chunk_function(loss_fn, params, clipping_threshold, forward_mode, choice, p
         p_leaves = jax.tree.leaves(params)
 
         def ghost_chunk_fn(recs, m):
-            return _ghost.ghost_chunk(plan, p_def, p_leaves, jax.tree.leaves(recs), m, clipping_threshold,
-                                      sum_depth)
+            return _ghost.ghost_chunk(plan, p_def, p_leaves, jax.tree.leaves(recs), m, threshold, reserve,
+                                      block_rows)
 
         return ghost_chunk_fn
 
     def chunk_fn(recs, m):
-        return _clipped_chunk(loss_fn, params, recs, m, clipping_threshold, forward_mode, sum_depth())
+        return _clipped_chunk(loss_fn, params, recs, m, threshold, forward_mode, reserve)
 
     return chunk_fn
 
@@ -970,7 +1298,9 @@ def add_gaussian_noise(
 ) -> PyTree:
     """``grad_sum`` plus i.i.d. Gaussian noise of std ``dp_scale * C`` per coordinate.
 
-    The only place in d3p where privacy noise is drawn. The noise for all
+    The only place in d3p where continuous privacy noise is drawn in JAX (the
+    discrete mechanism and the marginal twin's float64 noise have their own
+    primitives in :mod:`d3p.random`). The noise for all
     parameter leaves comes from one draw of ``rng_suite.normal(noise_key, (P,))``
     over the ``P`` flattened coordinates.
 

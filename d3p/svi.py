@@ -290,23 +290,29 @@ class DPSVI(SVI):
     unchanged for the whole batch: the batch is drawn whole (by :meth:`run`
     from one key, the same in every process), padded with masked slots to a
     multiple of the number ``D`` of devices along ``batch_axis`` and split by
-    position alone, never by data; each device clips its records' gradients,
-    every record's certified bound covering also its share of the rounding
-    of the sum of the ``D`` partial sums (at most ``D - 1`` further
-    additions, in whatever order the all-reduce adds them); one ``psum``
-    adds them, and the noise is drawn once, for that sum, from the
-    replicated key, with the same standard deviation ``dp_scale * C`` as on
-    one device, so every device holds the same released value. The
-    parameters and the optimizer state are replicated. With
-    ``noise="discrete"`` the partial integer sums are added exactly; its
-    floating-point guarantee then also needs every device to run the
-    compiled per-record code alike (devices of one kind). :meth:`init` and
-    :meth:`run` refuse keys that differ between the processes of a
-    multi-process run, and a step traced inside ``shard_map`` (where every
-    device would add its own noise) is refused. Every record's
-    certified rounding margin is never below that of the whole batch summed
-    on one device, so the result equals the one-device step up to the order
-    of floating-point summation.
+    position alone, never by data; each device clips its records' gradients
+    to the same threshold as on one device (``C (1 - η)``, ``η`` a public
+    constant of the dtype, independent of ``D`` and of the batch size); the
+    partial sums are gathered and added by the same double-float tree on
+    every device, so the error of the whole sum stays within a public bound
+    covered by the margin whatever the other records and their order, and
+    every device holds the same bits; the noise is drawn once, for that sum,
+    from the replicated key, with the same standard deviation
+    ``dp_scale * C`` as on one device. The sharded and the one-device step
+    therefore both release a sum of sensitivity at most ``C`` (``2 C``
+    substituted). Their values are not equal bit for bit: each is within
+    about ``u B C`` of the exact sum of its own clipped per-record gradients
+    (``2 u B C`` with ``D > 1``; ``u = 2^-24`` in float32), and the
+    per-record gradients themselves come from programs compiled for
+    different batch shapes and devices, whose rounding can differ; that
+    difference is not bounded by this argument (a badly conditioned record's
+    gradient can differ by several percent). The parameters and the
+    optimizer state are replicated. With ``noise="discrete"`` the partial
+    integer sums are added exactly; its floating-point guarantee then also
+    needs every device to run the compiled per-record code alike (devices of
+    one kind). :meth:`init` and :meth:`run` refuse keys that differ between
+    the processes of a multi-process run, and a step traced inside
+    ``shard_map`` (where every device would add its own noise) is refused.
 
     :param model: NumPyro model; its records must sit under a subsampling plate.
     :param guide: NumPyro guide (e.g. an autoguide).

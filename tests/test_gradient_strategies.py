@@ -30,6 +30,8 @@ from d3p.gradients import STRATEGIES, choose_strategy, clipped_grad_sum
 from d3p.svi import DPSVI
 
 RTOL = 1e-5
+# the margin of float32 sums documented in d3p.gradients: records are clipped to C (1 - ETA)
+ETA = 2.0**-7
 # strategy name -> (strategy, chunk_size) as passed to clipped_grad_sum
 VARIANTS = {
     "auto": ("auto", None),
@@ -252,7 +254,17 @@ def test_plain_models_all_strategies_agree(case):
     C = float(np.median(norms[np.asarray(mask)]))
     # chunking and scanning do not depend on the structure: checked on the MLP
     variants = tuple(VARIANTS) if case == "mlp" else ("ghost",)
-    check_all(loss, params, records, mask, C, variants)
+    if gradients._ghost_rows(_ghost.trace_plan(loss, params, records)) == 1:
+        check_all(loss, params, records, mask, C, variants)
+        return
+    # several rows per product: ghost clips by the norm of the rows' magnitudes,
+    # never below the exact norm; where nothing is clipped, the same sum
+    out = all_strategies(loss, params, records, mask, C, variants)
+    assert np.all(np.asarray(out["ghost"].norms) >= np.asarray(out["vmap"].norms) * (1 - 1e-5))
+    assert np.any(np.asarray(out["ghost"].norms) > np.asarray(out["vmap"].norms) * 1.01)
+    unclipped = all_strategies(loss, params, records, mask, 1e3 * float(np.max(norms)), variants)
+    a, b = _flat(unclipped["ghost"].grad_sum), _flat(unclipped["vmap"].grad_sum)
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * np.max(np.abs(b)))
 
 
 def test_ghost_sum_matches_hand_computed_clipped_outer_products():
@@ -264,7 +276,7 @@ def test_ghost_sum_matches_hand_computed_clipped_outer_products():
     expected = np.zeros_like(W)
     for x, y in zip(xs, ys):
         g = np.outer(x, 2 * (x @ W - y))
-        expected += g * min(1.0, C / np.linalg.norm(g))
+        expected += g * min(1.0, C * (1 - ETA) / np.linalg.norm(g))
 
     def loss(p, r):
         x, y = r
@@ -341,13 +353,13 @@ def test_sensitivity_bound_holds_and_is_attained():
         substituted = sums((x.at[i].set(-x[i] * 1e3), y), None)
         for name in base:
             d = np.linalg.norm(base[name] - removed[name])
-            assert d <= C * (1 + 1e-5), name
+            assert d <= C, name
             worst_remove[name] = max(worst_remove.get(name, 0.0), d)
             d = np.linalg.norm(base[name] - substituted[name])
-            assert d <= 2 * C * (1 + 1e-5), name
+            assert d <= 2 * C, name
             worst_sub[name] = max(worst_sub.get(name, 0.0), d)
     for name in base:
-        assert worst_remove[name] >= C * (1 - 1e-4), name
+        assert worst_remove[name] >= C * (1 - ETA) * (1 - 1e-4), name
         assert worst_sub[name] >= 1.2 * C, name
 
 

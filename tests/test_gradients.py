@@ -101,6 +101,10 @@ def _records(seed=0, B=8):
     return xs.astype(np.float32), ys.astype(np.float32)
 
 
+# the margin of float32 sums documented in d3p.gradients: records are clipped to C (1 - ETA)
+ETA = 2.0**-7
+
+
 def test_clipped_sum_matches_per_record_clipping_by_hand():
     xs, ys = _records()
     C = 1.5
@@ -108,7 +112,7 @@ def test_clipped_sum_matches_per_record_clipping_by_hand():
     for x, y in zip(xs, ys):
         g = np.concatenate([x, [y]]).astype(np.float64)
         n = np.linalg.norm(g)
-        expected += g * min(1.0, C / n)
+        expected += g * min(1.0, C * (1 - ETA) / n)
     got = _sum(xs, ys, C).grad_sum
     np.testing.assert_allclose(np.concatenate([got["w"], [got["b"]]]), expected, rtol=2e-5, atol=1e-5)
 
@@ -130,18 +134,18 @@ def test_sensitivity_remove_mask_and_substitute(strategy, chunk, C):
         masked = _flat(_sum(xs, ys, C, mask=jnp.asarray(mask), strategy=strategy, chunk_size=chunk).grad_sum)
         np.testing.assert_allclose(masked, removed, rtol=1e-5, atol=1e-5 * C)
         d = np.linalg.norm(base - removed)
-        assert d <= C * (1 + 1e-5)
+        assert d <= C
         worst_remove = max(worst_remove, d)
         # substitute record i by an adversarial record pointing the other way
         xs2, ys2 = xs.copy(), ys.copy()
         xs2[i], ys2[i] = -xs[i] * 1e3, -ys[i] * 1e3
         sub = _flat(_sum(xs2, ys2, C, strategy=strategy, chunk_size=chunk).grad_sum)
         d = np.linalg.norm(base - sub)
-        assert d <= 2 * C * (1 + 1e-5)
+        assert d <= 2 * C
         worst_sub = max(worst_sub, d)
-    # records with norm > C exist, so the bounds are attained
-    assert worst_remove >= C * (1 - 1e-4)
-    assert worst_sub >= 2 * C * (1 - 1e-4)
+    # records with norm > C exist, so the bounds are attained (up to the margin)
+    assert worst_remove >= C * (1 - ETA) * (1 - 1e-4)
+    assert worst_sub >= 2 * C * (1 - ETA) * (1 - 1e-4)
 
 
 def test_non_finite_and_masked_records_contribute_zero():
