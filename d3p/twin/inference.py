@@ -426,9 +426,8 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
 
     Steps: (1) complete the schema (:func:`infer_schema`: what it reads from
     the data is warned about and recorded in ``privacy["not_covered"]``);
-    (2) encode the table (:meth:`Schema.encode`, a map of each record on
-    its own: a value outside the schema goes to a bound, to the level
-    ``other``, to missing or to the column's fallback, never to an error);
+    (2) encode the table (:meth:`Schema.encode`: each record on its own,
+    outside values mapped by public rules, never an error);
     (3) choose the model family (``family="auto"``: :func:`choose_family`,
     from the schema, N, ε and δ) and fit it:
 
@@ -464,29 +463,24 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
         ``"fixed"`` (substitute relation; for the marginal family, the count
         tables' sensitivities under substitution).
     :param float clipping_threshold: C (default 1.0).
-    :param float learning_rate: initial Adam step size (default 0.05), decaying
-        with :func:`cosine_decay` to 5% at step T.
+    :param float learning_rate: Adam's step size (default 0.05), :func:`cosine_decay` to 5%.
     :param optimizer: instead of Adam, any optimizer :class:`DPSVI` accepts.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"`` (mixture).
     :param int max_levels: see :func:`infer_schema`.
-    :param target: a column, or a list, that a downstream model will predict (public):
-        the marginal family spends a third of its rounds on tables that hold it
-        (:func:`~d3p.twin.marginal.fit_marginals`), same ε; the mixture ignores it.
+    :param target: column(s) a downstream model will predict (public): the marginal
+        family spends a third of its rounds on tables holding it; the mixture ignores it.
     :param bool progress_bar: show the progress of the fit.
     :return: :class:`TwinResult`.
-    :raises TwinInputError: on an unusable schema (or columns that are not the
-        table's), and, only where the schema is inferred from the data, on
-        unusable data (those messages may quote values: that step is outside
-        ε). No record's value makes a fit with a complete schema fail.
+    :raises TwinInputError: on an unusable schema, and only where the schema
+        is inferred (outside ε) on unusable data; never for a record's value.
     :raises ValueError: on invalid arguments (named in the message).
 
     **Formal guarantees.** Given the schema S and N, the released parameters
     (and every table generated from them) are (ε, δ)-DP under the relation of
     ``sampling``. Mixture: ε from the accountant for the sampler used, δ with
     the Poisson padding-overflow term; the data enter only through
-    :meth:`Schema.encode` (per record, no error, warning or output) into
-    :meth:`DPSVI.run`. Marginal: see
-    :func:`d3p.twin.marginal.fit_marginals` (zCDP). S is NOT private where read
+    :meth:`Schema.encode` (per record, silent) into :meth:`DPSVI.run`.
+    Marginal: :func:`d3p.twin.marginal.fit_marginals` (zCDP). S is NOT private where read
     from the data (``privacy["not_covered"]``); N is public; ``epsilon=inf`` is
     not private, nor is ``TwinResult.losses``.
     """
