@@ -151,7 +151,12 @@ def _adversarial(B, d, C):
     return np.stack(cols, axis=1).astype(F32)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+#: The default step's strategies; the slow step runs every case of CASES.
+DEFAULT_CASES = ("vmap", "scan", "chunked 64", "ghost")
+
+
+@pytest.mark.parametrize("case", [c if c in DEFAULT_CASES else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in CASES])
 def test_greedy_records_move_the_release_by_at_most_C(case):
     """B = 16,384 slots, one coordinate: masking or deleting record 0 moves the
     released sum by at most C, substituting it by at most 2 C, for every
