@@ -250,8 +250,7 @@ def test_bounds_are_those_of_one_device(strategy):
     del names
 
 
-@pytest.mark.parametrize("case", ["vmap", pytest.param("scan", marks=pytest.mark.slow),
-                                  pytest.param("ghost", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("case", ["vmap", pytest.param("ghost", marks=pytest.mark.slow)])
 def test_greedy_records_move_the_sharded_release_by_at_most_C(case):
     """16,384 slots over 8 devices (2,048 each): masking, deleting (the records
     after it change device) or substituting record 0 moves the released sum
