@@ -640,12 +640,14 @@ def _df_rounded(pair: Tuple[PyTree, PyTree], like: PyTree) -> PyTree:
     return jax.tree.map(lambda h, p: h.astype(jnp.result_type(p)), pair[0], like)
 
 
-def _sum_margin(dtype) -> float:
+def _sum_margin(*dtypes) -> float:
     """``η``: the fraction of ``C`` reserved for the rounding of the sum over
-    records in ``dtype``, the same for every batch: ``2^-7`` for float32
-    and coarser (batches up to about 65,000 slots), ``2^-30`` for float64
-    (about 4 million slots)."""
-    return 2.0**-7 if jnp.finfo(dtype).eps >= 2.0**-23 else 2.0**-30
+    records whose accumulation and result have ``dtypes``, the same for every
+    batch: ``2^-7`` if any of them is float32 or coarser (the final rounding
+    to it dominates; batches up to about 65,000 slots), ``2^-30`` if all are
+    float64 (about 4 million slots)."""
+    coarse = any(jnp.finfo(d).eps >= 2.0**-23 for d in dtypes)
+    return 2.0**-7 if coarse else 2.0**-30
 
 
 # the counts of roundings flushed below `tiny` that the fixed allowance covers
@@ -734,7 +736,7 @@ def _sum_budget(B: int, chunk: int, shards: int, params: PyTree, terms_per_slot:
     terms = max(1, int(np.ceil(chunk * terms_per_slot)))
     depth = int(np.ceil(np.log2(terms))) + -(-B // chunk) + (int(np.ceil(np.log2(shards))) + 1 if shards > 1 else 0)
     rel = _sum_rel(acc, dtypes, depth, shards, products)
-    margin = _sum_margin(acc)
+    margin = _sum_margin(acc, *dtypes)
     slots = B * shards
     if check and 2 * rel * slots > margin:
         limit = int(margin / (2 * rel))
@@ -1202,7 +1204,7 @@ def _ghost_rows_per_product(params, B: int, chunk: int, shards: int, rows: int) 
     u = _rounding(acc).u
     terms = max(1, min(chunk, B) * rows)
     depth = int(np.ceil(np.log2(terms))) + -(-B // max(1, min(chunk, B))) + int(np.ceil(np.log2(shards))) + 1
-    room = _sum_margin(acc) / (2 * B * shards) - _sum_rel(acc, dtypes, depth, shards)
+    room = _sum_margin(acc, *dtypes) / (2 * B * shards) - _sum_rel(acc, dtypes, depth, shards)
     k = min(int(room / (u * 1.01)), terms)
     while k >= 1 and _gamma(k, _rounding(acc)) * (1 + u) * (1 + 1e-6) > room:
         k = int(k * 0.99)
