@@ -683,11 +683,12 @@ def _run(svi: DPSVI, guide, schema: Schema, x: np.ndarray, plan: _Plan, key, pro
     initial state), then :meth:`DPSVI.run` with the plan's sampler; checks that
     the run was accounted as planned."""
     init_key, run_key = d3p.random.split(key, 2)
-    x0 = jnp.asarray(schema.placeholder_codes(1))
-    if isinstance(guide, MixtureGuide):
-        state = jax.jit(svi.init)(init_key, x0)  # this guide has no Python side effects
-    else:
-        state = svi.init(init_key, x0)
+    x0 = jnp.asarray(schema.placeholder_codes(1))   # public: valid codes of every column
+
+    def init(k, x):
+        return svi.init(k, x, init_data=(x,))
+
+    state = jax.jit(init)(init_key, x0) if isinstance(guide, MixtureGuide) else init(init_key, x0)
     result = svi.run(run_key, plan.num_steps, jnp.asarray(x), target_delta=plan.delta_run,
                      accountant=plan.accountant, progress_bar=progress_bar, init_state=state, **plan.run_kwargs)
     if result.relation != plan.relation or result.sigma != plan.sigma:
