@@ -35,9 +35,9 @@ def public_records(init_data, leaves, treedef, size: int):
 
     Without ``init_data``: ones of every leaf's shape and dtype (read from the
     leaves' shapes only, so traced leaves work too): inside the support of
-    most likelihoods and a valid weight, log argument, divisor and index. With ``init_data``
-    (records declared public): those, validated to have the batch's structure
-    and per-record shapes, converted to its dtypes.
+    most likelihoods, and a valid weight, log argument, divisor and index.
+    With ``init_data`` (records declared public): those, validated to have
+    the batch's structure and per-record shapes, converted to its dtypes.
     """
     if init_data is None:
         return [jnp.ones(np.shape(x), jnp.result_type(x)) for x in leaves], size
@@ -50,7 +50,7 @@ def public_records(init_data, leaves, treedef, size: int):
             f"init_data is {public_def}."
         )
     expected = _record_shapes(leaves)
-    got = [(tuple(np.shape(x)[1:]), jnp.result_type(x)) for x in public]
+    got = _record_shapes(public)
     for (want_shape, dtype), (shape, _) in zip(expected, got):
         if want_shape != shape:
             raise ValueError(
