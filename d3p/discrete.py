@@ -186,7 +186,7 @@ def _integer_records(clipped, keep: jax.Array, plan: DiscretePlan):
     def rounded(scale: float):
         r = [jnp.round(x.astype(acc) * np.asarray(scale / plan.grid, acc)) for x in leaves]
         # certified: the float bound is >= the exact norm of the integers; or exact in int32
-        within = (gradients._record_bound(r, 0) <= limit) | _exactly_within(r, plan.bound)
+        within = (gradients._record_bound(r) <= limit) | _exactly_within(r, plan.bound)
         return r, within
 
     first, first_ok = rounded(1.0)
@@ -205,7 +205,7 @@ def _integer_record(loss_fn, params, record, mask, plan, forward_mode):
     loss, grad = gradients._value_and_grad_one(loss_fn, params, record, forward_mode)
     grads = jax.tree.map(lambda g: g[None], grad)
     m = mask[None]
-    clipped, norms = gradients._clip_records(grads, plan.clipping_threshold, 0, m)
+    clipped, norms = gradients._clip_records(grads, plan.clipping_threshold, mask=m)
     ints = _integer_records(clipped, m & jnp.isfinite(norms), plan)
     loss, norm = gradients._real_only(m, loss[None], norms)
     return jax.tree.map(lambda r: r[0], ints), loss[0], norm[0]
