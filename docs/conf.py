@@ -21,6 +21,7 @@ release = VERSION
 
 extensions = [
     "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.doctest",
     "sphinx.ext.mathjax",
@@ -34,6 +35,14 @@ myst_heading_anchors = 3
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "show-inheritance": False}
+# Show default values as written in the source (``rng_suite=d3p.random``), not
+# as their repr, which for a module names the file it was loaded from.
+autodoc_preserve_defaults = True
+# A signature longer than this gets one parameter per line (narrow screens).
+python_maximum_signature_line_length = 60
+# The API index lists the modules with their summaries; their pages are written
+# by hand (docs/api/), so nothing is generated.
+autosummary_generate = False
 nitpicky = False
 # The example and benchmark READMEs are included as pages but are written for
 # reading in the repository, where they may link to scripts and data files
@@ -44,5 +53,7 @@ plot_include_source = False
 plot_html_show_source_link = False
 plot_html_show_formats = False
 plot_formats = [("png", 100)]
-html_theme = "alabaster"
+html_theme = "furo"
 html_title = f"d3p {VERSION}"
+html_static_path = ["_static"]
+html_css_files = ["d3p.css"]
