@@ -15,6 +15,16 @@ subparser and sets the defaults ``func`` (called as ``func(args, parser)``,
 returns the exit status) and ``command_parser`` (the subparser, used for
 error messages). To add a command, write such a function (in this
 module or in the command's own module) and append it to :data:`COMMANDS`.
+
+Every parser is built with ``allow_abbrev=False`` (``--eps`` is not taken for
+``--epsilon``), every error names options and the values as typed, and each
+value has one spelling on every command (``--sampling poisson|fixed``,
+``--relation add-remove|substitute``).
+
+``--help`` stays fast: a register function marked with :func:`command`
+(its name and one-line help) is only called, and so its module only
+imported, when its command is the one being run; the others are listed by
+name and help.
 """
 
 from __future__ import annotations
@@ -24,10 +34,10 @@ import sys
 from typing import Callable, List, Optional, Sequence
 
 from d3p import _validate
-from d3p.accounting import Relation, Sampler
 
 __all__ = [
     "COMMANDS",
+    "command",
     "build_parser",
     "main",
     "register_sigma",
@@ -42,29 +52,32 @@ __all__ = [
 # argument's name and exit status 2
 # ---------------------------------------------------------------------------
 
-_positive = _validate.cli(_validate.positive)
-_non_negative = _validate.cli(_validate.non_negative)
-_open_unit = _validate.cli(_validate.open_unit)
-_probability = _validate.cli(_validate.probability)
-_steps = _validate.cli(_validate.integer, minimum=1, integral=True)
+_positive = _validate.cli_option(_validate.positive)
+_non_negative = _validate.cli_option(_validate.non_negative)
+_open_unit = _validate.cli_option(_validate.open_unit)
+_probability = _validate.cli_option(_validate.probability)
+_steps = _validate.cli_option(_validate.integer, minimum=1, integral=True)
+
+#: The command line's spelling of each sampler and relation, and the name the
+#: library uses for it (:class:`d3p.accounting.Sampler`, :class:`d3p.accounting.Relation`).
+SAMPLING_VALUES = {"poisson": "poisson", "fixed": "fixed_size"}
+RELATION_VALUES = {"add-remove": "add_remove", "substitute": "substitute"}
+_sampler = _validate.option_choice("--sampling", SAMPLING_VALUES)
+_relation = _validate.option_choice("--relation", RELATION_VALUES)
+
+#: The accounting functions' argument names and values, as options of these commands.
+_OPTION_NAMES = {"sampler": "--sampling", "sampling": "--sampling", "relation": "--relation", "q": "--q",
+                 "num_iter": "--steps", "num_steps": "--steps", "steps": "--steps", "delta": "--delta",
+                 "target_eps": "--epsilon", "target_epsilon": "--epsilon", "epsilon": "--epsilon",
+                 "dp_scale": "--sigma", "sigma": "--sigma", "noise": "--noise", "accountant": "--accountant"}
+_OPTION_VALUES = {"sampler": {v: k for k, v in SAMPLING_VALUES.items()},
+                  "sampling": {v: k for k, v in SAMPLING_VALUES.items()},
+                  "relation": {v: k for k, v in RELATION_VALUES.items()}}
 
 
-def _name_of(kind: Callable) -> Callable[[str], object]:
-    """An ``argparse`` ``type=`` for a name that ``kind`` (:class:`Relation`
-    or :class:`Sampler`) looks up, with every spelling it accepts."""
-
-    def parse(text: str):
-        try:
-            return kind(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    parse.__name__ = kind.__name__.lower()
-    return parse
-
-
-_relation = _name_of(Relation)
-_sampler = _name_of(Sampler)
+def _option_error(parser: argparse.ArgumentParser, err: Exception) -> None:
+    """Reports an error of the accounting functions as a usage error, in the options' terms."""
+    parser.error(_validate.in_option_terms(str(err), _OPTION_NAMES, _OPTION_VALUES))
 
 
 _RELATION_HELP = (
@@ -97,10 +110,14 @@ def _accounting(args: argparse.Namespace, parser: argparse.ArgumentParser):
     """The accounting of the run described by --sampling and --relation."""
     from d3p import accounting
 
+    if args.sampling == "fixed_size" and args.relation == "add_remove":
+        parser.error("--sampling fixed cannot be accounted under --relation add-remove: fixed-size batches "
+                     "are accounted under substitute only; use --sampling poisson for add-remove, or "
+                     "--relation substitute")
     try:
         return accounting.accounting_for(args.sampling, args.relation, args.noise)
     except ValueError as e:
-        parser.error(str(e))
+        _option_error(parser, e)
 
 
 def _accountant_used(args: argparse.Namespace) -> str:
@@ -124,7 +141,7 @@ def _evaluate(parser: argparse.ArgumentParser, compute: Callable, *args, **kwarg
     try:
         return compute(*args, **kwargs)
     except (ValueError, ImportError) as e:
-        parser.error(str(e))
+        _option_error(parser, e)
 
 
 def _run_sigma(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -142,7 +159,7 @@ def _add_command(subparsers, name: str, func: Callable) -> argparse.ArgumentPars
     its first option, ``--delta``, the options of :func:`_add_common`, and the
     defaults ``func`` and ``command_parser``."""
     (flag, kind, text), delta_help, help_text, description = _COMMAND_TEXTS[name]
-    p = subparsers.add_parser(name, help=help_text, description=description)
+    p = subparsers.add_parser(name, help=help_text, description=description, allow_abbrev=False)
     p.add_argument(flag, type=kind, required=True, help=text)
     p.add_argument("--delta", type=_open_unit, required=True, help=delta_help)
     _add_common(p)
@@ -187,6 +204,19 @@ _COMMAND_TEXTS = {
 }
 
 
+def command(name: str, help: str) -> Callable[[Callable], Callable]:
+    """Marks a register function as the one of command ``name`` with the one-line
+    ``help`` of ``python -m d3p --help``: :func:`build_parser` then calls it
+    only when that command runs, so that its module is imported only then."""
+
+    def mark(register: Callable) -> Callable:
+        register.command_name, register.command_help = name, help
+        return register
+
+    return mark
+
+
+@command("twin", "fit a DP synthetic twin of a CSV table and sample from it")
 def register_twin(subparsers) -> argparse.ArgumentParser:
     """``python -m d3p twin``: a private synthetic twin of a CSV file (:mod:`d3p.twin`)."""
     from d3p.twin.cli import add_twin_subparser
@@ -194,6 +224,7 @@ def register_twin(subparsers) -> argparse.ArgumentParser:
     return add_twin_subparser(subparsers)
 
 
+@command("twin-schema", "write the schema a twin would infer, to edit and pass back")
 def register_twin_schema(subparsers) -> argparse.ArgumentParser:
     """``python -m d3p twin-schema``: write the schema a twin would infer, to edit and pass back."""
     from d3p.twin.cli import add_twin_schema_subparser
@@ -201,9 +232,10 @@ def register_twin_schema(subparsers) -> argparse.ArgumentParser:
     return add_twin_schema_subparser(subparsers)
 
 
+@command("audit", "empirical lower bound on epsilon for a small DP-VI model, next to the accountant's epsilon")
 def register_audit(subparsers) -> argparse.ArgumentParser:
     """``python -m d3p audit``: an empirical lower bound on ε (:mod:`d3p.audit`)."""
-    from d3p.audit import add_audit_subparser
+    from d3p.audit._cli import add_audit_subparser
 
     return add_audit_subparser(subparsers)
 
@@ -212,23 +244,40 @@ def register_audit(subparsers) -> argparse.ArgumentParser:
 COMMANDS: List[Callable] = [register_sigma, register_epsilon, register_twin, register_twin_schema, register_audit]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Builds the ``python -m d3p`` parser with every registered command."""
+def build_parser(command_to_run: Optional[str] = None) -> argparse.ArgumentParser:
+    """Builds the ``python -m d3p`` parser with every registered command.
+
+    :param command_to_run: the command about to run, if known: only its
+        register function and those not marked with :func:`command` are
+        called; the other commands are listed with their help but take no
+        options. Default: every command with all its options.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m d3p",
         description="d3p: differentially private probabilistic programming for NumPyro.",
+        allow_abbrev=False,
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for register in COMMANDS:
-        register(subparsers)
+        name = getattr(register, "command_name", None)
+        if command_to_run is None or name is None or name == command_to_run:
+            register(subparsers)
+        else:
+            subparsers.add_parser(name, help=register.command_help, add_help=False, allow_abbrev=False)
     return parser
+
+
+def _command_in(argv: Sequence[str]) -> str:
+    """The command of ``argv`` (its first word that is not an option), or "" if none."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the command line; returns the exit status (2 for usage errors,
     which argparse reports by raising ``SystemExit``)."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_in(argv))
     args = parser.parse_args(argv)
     return args.func(args, getattr(args, "command_parser", parser))
 

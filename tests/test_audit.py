@@ -509,11 +509,10 @@ def test_cli_prints_both_epsilons(capsys):
     args = parser.parse_args(["audit", "--runs", "10", "--mechanism", "dpsvi", "--q", "0.1"])
     assert args.func is audit.main_audit and args.q == 0.1 and args.runs == 10
     # invalid values are reported through the parser (exit status 2), naming the argument
-    args = parser.parse_args(["audit", "--runs", "10", "--sigma", "-1"])
     with pytest.raises(SystemExit) as exc:
-        args.func(args, args.command_parser)
+        parser.parse_args(["audit", "--runs", "10", "--sigma", "-1"])
     assert exc.value.code == 2
-    assert "dp_scale" in capsys.readouterr().err
+    assert "argument --sigma: expected a finite number >= 0, got '-1'" in capsys.readouterr().err
 
 
 def test_python_dash_m_d3p_audit_runs_the_command():

@@ -187,13 +187,13 @@ def test_q_is_a_probability_in_zero_one_closed(capsys):
     assert parse(["--q", "1"]).q == 1.0 and parse(["--q", "0.25"]).q == 0.25
     for bad in ("0", "1.5", "-0.1", "nan", "abc"):
         err = parse_error(["--q", bad], capsys)
-        assert "argument --q: Expected the value to be a finite number in (0, 1]" in err, err
+        assert f"argument --q: expected a finite number in (0, 1], got {bad!r}" in err, err
 
 
 def test_delta_is_in_the_open_unit_interval(capsys):
     assert parse(["--delta", "1e-6"]).delta == 1e-6
     for bad in ("0", "1"):
-        assert "argument --delta: Expected the value to be a finite number in (0, 1)," in parse_error(
+        assert f"argument --delta: expected a finite number in (0, 1), got {bad!r}" in parse_error(
             ["--delta", bad], capsys)
 
 
@@ -201,26 +201,25 @@ def test_delta_is_in_the_open_unit_interval(capsys):
 def test_counts_are_integers_of_at_least_one(option, capsys):
     assert getattr(parse([option, "12"]), option[2:].replace("-", "_")) == 12
     for bad in ("0", "2.5", "x"):
-        assert f"argument {option}: Expected the value to be an integer >= 1" in parse_error([option, bad], capsys)
+        assert f"argument {option}: expected an integer >= 1, got {bad!r}" in parse_error([option, bad], capsys)
 
 
 @pytest.mark.parametrize("option", ["--clip", "--learning-rate"])
 def test_scales_are_positive_finite(option, capsys):
     assert getattr(parse([option, "0.5"]), option[2:].replace("-", "_")) == 0.5
     for bad in ("0", "-1", "inf"):
-        assert f"argument {option}: Expected the value to be a finite number > 0" in parse_error([option, bad], capsys)
+        assert f"argument {option}: expected a finite number > 0, got {bad!r}" in parse_error([option, bad], capsys)
 
 
 def test_epsilon_accepts_inf_and_names_the_range(capsys):
     assert parse(["--epsilon", "inf"]).epsilon == float("inf")
-    assert "argument --epsilon: Expected the value to be a number > 0, got the value=0.0." in parse_error(
-        ["--epsilon", "0"], capsys)
+    assert "argument --epsilon: expected a number > 0, got '0'" in parse_error(["--epsilon", "0"], capsys)
 
 
 def test_seed_is_any_integer_parsed_exactly(capsys):
     big = 2**70 + 1  # not representable as a float: must not be rounded
     assert parse(["--seed", str(big)]).seed == big and parse(["--seed", "-3"]).seed == -3
-    assert "argument --seed: Expected the value to be an integer" in parse_error(["--seed", "1.5"], capsys)
+    assert "argument --seed: expected an integer, got '1.5'" in parse_error(["--seed", "1.5"], capsys)
 
 
 def test_twin_schema_writes_the_inferred_schema_to_pass_back(tmp_path, capsys):
@@ -240,6 +239,7 @@ def test_twin_schema_writes_the_inferred_schema_to_pass_back(tmp_path, capsys):
         want = infer_schema(pd.read_csv(inp))
     assert Schema.load(out) == want
     assert "read from data" in stdout and "--schema" in stdout and "WARNING" in stderr
+    assert "d3p twin-schema: read 120 records x 4 columns" in stderr
     assert d3p_main(["twin-schema", inp, str(out)]) == EXIT_BAD_INPUT  # no silent overwrite
     assert "--overwrite" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in.csv", "schema.json"]

@@ -3,7 +3,10 @@
 Reads a CSV table, fits a twin with DP-VI at the target (ε, δ), writes a
 synthetic CSV and, optionally, a report folder and the saved twin. Prints a
 progress bar and a summary (ε, δ, σ, steps, time, what was read from the
-data without privacy, where the files went).
+data without privacy, where the files went), then the headline utility
+figures of the report, which are computed on the real data and NOT private
+(``--no-utility`` omits them). Errors and warnings are worded in terms of
+the options and their values.
 
 Outputs are written to temporary files next to their destinations and
 renamed only once everything succeeded: a failure leaves no partial output.
@@ -50,12 +53,21 @@ _DESCRIPTION = (
 
 # argparse ``type=`` checks: the shared checks of ``d3p._validate``, so that the
 # command line accepts and words each kind of argument as the library does
-_EPSILON = _validate.cli(_validate.positive, finite=False)  # inf: a non-private fit
-_DELTA = _validate.cli(_validate.open_unit)
-_Q = _validate.cli(_validate.probability)
-_POSITIVE_INT = _validate.cli(_validate.integer, minimum=1, integral=True)
-_POSITIVE_FLOAT = _validate.cli(_validate.positive)
-_INTEGER = _validate.cli(_validate.integer, integral=True)
+_EPSILON = _validate.cli_option(_validate.positive, finite=False)  # inf: a non-private fit
+_DELTA = _validate.cli_option(_validate.open_unit)
+_Q = _validate.cli_option(_validate.probability)
+_POSITIVE_INT = _validate.cli_option(_validate.integer, minimum=1, integral=True)
+_POSITIVE_FLOAT = _validate.cli_option(_validate.positive)
+_INTEGER = _validate.cli_option(_validate.integer, integral=True)
+
+#: :func:`d3p.twin.fit`'s argument names, as options of ``twin`` (for its messages).
+_OPTIONS = {"epsilon": "--epsilon", "delta": "--delta", "num_components": "--components", "num_steps": "--steps",
+            "q": "--q", "sampling": "--sampling", "clipping_threshold": "--clip", "learning_rate": "--learning-rate",
+            "max_levels": "--max-levels", "family": "--family", "target": "--target"}
+_VALUES = {"sampling": {"fixed_size": "fixed"}}
+#: The options that set up the mixture fitted with DP-VI (they select it with --family auto).
+_MIXTURE_OPTIONS = (("components", "--components"), ("steps", "--steps"), ("q", "--q"), ("clip", "--clip"),
+                    ("learning_rate", "--learning-rate"))
 
 
 def _seed(text: str) -> int:
@@ -92,7 +104,8 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--family", choices=("auto", "marginal", "mixture"), default="auto",
                         help="model: 'marginal' (noisy marginal tables and a graphical model), 'mixture' "
                              "(a mixture fitted with DP-VI) or 'auto' (default: marginal if at least half of "
-                             "the columns are categorical or boolean; --components, --steps, --q mean mixture)")
+                             "the columns are categorical or boolean; --components, --steps, --q, --clip and "
+                             "--learning-rate mean mixture)")
     parser.add_argument("--components", type=_POSITIVE_INT, default=None, metavar="K",
                         help="mixture components (default: max(3, min(8, max(N // 1000, D // 4))))")
     parser.add_argument("--steps", type=_POSITIVE_INT, default=None, metavar="T",
@@ -106,7 +119,7 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--learning-rate", type=_POSITIVE_FLOAT, default=None, metavar="LR",
                         help="initial Adam step size, decaying (cosine) to 5%% of it (default 0.05)")
     parser.add_argument("--schema", default=None, metavar="schema.json",
-                        help="JSON schema with public column information (levels, bounds, nullable); "
+                        help="JSON schema with public column information (levels, bounds, nullable, decimals); "
                              "fields it leaves out are read from the data, with a warning")
     parser.add_argument("--seed", type=_seed, default=None,
                         help="seed for the noise and sampling (default: fresh OS entropy)")
@@ -120,6 +133,9 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--save-model", default=None, metavar="DIR",
                         help="save the fitted twin (parameters, schema, privacy record; no records)")
     _add_reading_options(parser)
+    parser.add_argument("--no-utility", action="store_true",
+                        help="do not print the utility figures at the end (they are computed on the real data, "
+                             "outside epsilon)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files/directories")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -136,7 +152,7 @@ def add_twin_subparser(subparsers) -> argparse.ArgumentParser:
     :return: the ``twin`` parser.
     """
     p = subparsers.add_parser("twin", help="fit a DP synthetic twin of a CSV table and sample from it",
-                              description=_DESCRIPTION)
+                              description=_DESCRIPTION, allow_abbrev=False)
     add_twin_arguments(p)
     p.set_defaults(func=main_twin, command_parser=p)
     return p
@@ -150,9 +166,23 @@ class _BadInput(Exception):
     pass
 
 
-def _err(msg: str) -> int:
-    print(f"d3p twin: error: {msg}", file=sys.stderr)
+def _err(msg: str, command: str = "twin") -> int:
+    print(f"d3p {command}: error: {msg}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def _plural(count: int, word: str) -> str:
+    """``1 column``, ``2 columns``."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _check_options(args) -> None:
+    """Combinations of options that cannot work, refused before the data are read."""
+    given = [(flag, getattr(args, name)) for name, flag in _MIXTURE_OPTIONS if getattr(args, name) is not None]
+    if args.family == "marginal" and given:
+        shown = ", ".join(f"{flag} {value:g}" for flag, value in given)
+        raise _BadInput(f"{shown}: {'this option sets' if len(given) == 1 else 'these options set'} up the "
+                        "mixture fitted with DP-VI (--family mixture) and cannot be used with --family marginal")
 
 
 def _check_paths(args) -> None:
@@ -283,13 +313,15 @@ def main_twin(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser
         return _run(args)
     except _BadInput as e:
         return _err(str(e))
-    except (ValueError, TypeError, FileExistsError, FileNotFoundError, PermissionError,
-            IsADirectoryError) as e:
+    except (ValueError, TypeError) as e:
+        return _err(_validate.in_option_terms(str(e), _OPTIONS, _VALUES))
+    except (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
         return _err(str(e))
 
 
 def _run(args) -> int:
     t_start = time.monotonic()
+    _check_options(args)
     _check_paths(args)
     from d3p.twin.schema import TwinInputError
 
@@ -305,29 +337,41 @@ def _run(args) -> int:
         # the report's real data: the records as the schema maps them, i.e.
         # as the twin saw them (the columns it describes were read as text)
         data = twin.schema.decode(twin.schema.encode(data))
-    num_report_files = _write_outputs(args, data, synthetic, twin)
+    metrics = None if args.no_utility and not args.report_dir else _utility(args, data, synthetic, twin)
+    num_report_files = _write_outputs(args, data, synthetic, twin, metrics)
     lines = _summary(args, twin, num_records=len(data), num_synthetic=num_synthetic, seed_text=seed_text,
                      num_report_files=num_report_files, seconds=time.monotonic() - t_start)
+    if not args.no_utility:
+        lines += _utility_lines(metrics)
     print("\n".join(lines))
     return 0
 
 
-def _read_inputs(args):
-    """The table and its completed schema; prints the schema fields read from the data."""
+def _read_inputs(args, *, command: str = "twin"):
+    """The table and its completed schema; says, in one line, whether schema
+    fields were read from the data (``twin`` lists them in its summary,
+    ``twin-schema`` in the schema it prints)."""
     from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, SchemaInferenceWarning, infer_schema
 
-    schema = Schema.load(args.schema) if args.schema else None
-    data = _read_csv(args, schema)
+    given = Schema.load(args.schema) if args.schema else None
+    data = _read_csv(args, given)
     columns = [str(c) for c in data.columns]
     if args.target is not None and args.target not in columns:
         raise _BadInput(f"--target {args.target!r} is not a column of the input (columns: {columns})")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", SchemaInferenceWarning)
-        schema = infer_schema(data, schema, max_levels=args.max_levels or DEFAULT_MAX_LEVELS)
-    for w in caught:
-        if issubclass(w.category, SchemaInferenceWarning):
-            print(f"WARNING: {w.message}", file=sys.stderr)
-    print(f"d3p twin: read {len(data)} records x {len(schema)} columns from {args.input}", file=sys.stderr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SchemaInferenceWarning)  # said below, in the options' terms
+        schema = infer_schema(data, given, max_levels=args.max_levels or DEFAULT_MAX_LEVELS)
+    print(f"d3p {command}: read {_plural(len(data), 'record')} x {_plural(len(schema), 'column')} from "
+          f"{args.input}", file=sys.stderr)
+    where = "in the summary at the end" if command == "twin" else "below"
+    before = given.inferred_fields() if given is not None else {}
+    new = [c for c, fields in schema.inferred_fields().items() if set(fields) - set(before.get(c, ()))]
+    if new:
+        print(f"WARNING: schema fields of {len(new)} of {_plural(len(schema), 'column')} were read from the data "
+              f"WITHOUT privacy (not covered by epsilon, delta; listed {where})", file=sys.stderr)
+    elif before:
+        print(f"WARNING: {args.schema} marks schema fields of {_plural(len(before), 'column')} as read from the "
+              f"data ('inferred'): not covered by epsilon, delta (listed {where})", file=sys.stderr)
     return data, schema
 
 
@@ -351,18 +395,44 @@ def _fit(args, data, schema, key):
     from d3p.twin.inference import DEFAULT_CLIPPING_THRESHOLD, DEFAULT_LEARNING_RATE, fit
     from d3p.twin.schema import DEFAULT_MAX_LEVELS, SchemaInferenceWarning
 
-    with warnings.catch_warnings():
+    family = args.family
+    if family == "auto" and (args.clip is not None or args.learning_rate is not None):
+        family = "mixture"  # the options of the mixture select it, as --steps does
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
         warnings.simplefilter("ignore", SchemaInferenceWarning)  # already reported by _read_inputs
-        return fit(data, args.epsilon, args.delta, rng_key=key, schema=schema, family=args.family,
+        if args.delta is not None:
+            _validate.warn_if_large_delta("delta", args.delta, len(data))
+        twin = fit(data, args.epsilon, args.delta, rng_key=key, schema=schema, family=family,
                    num_components=args.components, num_steps=args.steps, q=args.q,
                    sampling=args.sampling,
                    clipping_threshold=args.clip or DEFAULT_CLIPPING_THRESHOLD,
                    learning_rate=args.learning_rate or DEFAULT_LEARNING_RATE,
                    max_levels=args.max_levels or DEFAULT_MAX_LEVELS, target=args.target,
                    progress_bar=not args.no_progress)
+    _report_warnings(caught)
+    return twin
 
 
-def _write_outputs(args, data, synthetic, twin) -> int:
+#: The names in the library's warnings during a fit, as ``twin`` options or words.
+_WARNING_NAMES = {**_OPTIONS, "target_delta": "--delta", "dp_scale": "sigma"}
+
+
+def _report_warnings(caught) -> None:
+    """Prints the library's warnings of a fit once each, in the options' terms
+    (they read public settings only); re-issues warnings of other kinds."""
+    seen = set()
+    for w in caught:
+        if not issubclass(w.category, UserWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            continue
+        text = _validate.in_option_terms(str(w.message), _WARNING_NAMES, _VALUES)
+        if text not in seen:
+            seen.add(text)
+            print(f"WARNING: {text}", file=sys.stderr)
+
+
+def _write_outputs(args, data, synthetic, twin, metrics=None) -> int:
     """Write every output to a temporary path next to it, then rename them all;
     on failure remove the temporary paths. Returns the number of report files."""
     from d3p.twin import _io
@@ -379,7 +449,7 @@ def _write_outputs(args, data, synthetic, twin) -> int:
             tmp_report = _io.temporary_directory_for(args.report_dir)
             temps.append(tmp_report)
             num_report_files = len(write_report_files(tmp_report, data, synthetic, schema=twin.schema,
-                                                      twin=twin, target=args.target))
+                                                      twin=twin, target=args.target, metrics=metrics))
             moves.append((tmp_report, args.report_dir))
         if args.save_model:
             tmp_model = _io.temporary_directory_for(args.save_model)
@@ -408,35 +478,85 @@ def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str
              seconds: float) -> List[str]:
     """The lines printed at the end: privacy, noise, model, time, what is not covered, outputs."""
     p = twin.privacy
+    marginal = twin.model_spec.get("type") == "marginal"
+    relation = str(p["relation"]).replace("_", "-")
     lines = ["", "d3p twin: done"]
     if p["private"]:
+        how = f"{relation} relation" if marginal else f"{relation} relation, {_SAMPLING_WORDS[p['sampling']]}"
         lines.append(f"  privacy   epsilon = {p['epsilon']:.4g} (target {p['target_epsilon']:g}), "
-                     f"delta = {p['delta']:.3g}, {p['relation']} relation, {p['sampling']} sampling")
+                     f"delta = {p['delta']:.3g}, {how}")
     else:
         lines.append("  privacy   NONE: epsilon = inf (no noise: a non-private fit for comparison)")
-    if twin.model_spec.get("type") == "marginal":
-        lines.append(f"  noise     zCDP rho = {p['rho']:.4g} in {p['num_releases']} releases (Gaussian marginal "
-                     f"tables, exponential-mechanism choices), seed: {seed_text}")
-        lines.append(f"  model     graphical model on {p['num_measurements']} noisy marginal tables, "
-                     f"{len(twin.schema)} columns, {num_records} records (N treated as public)")
+    if marginal:
+        lines.append(f"  noise     zCDP rho = {p['rho']:.4g} in {_plural(p['num_releases'], 'release')} (Gaussian "
+                     f"marginal tables, exponential-mechanism choices), seed: {seed_text}")
+        lines.append(f"  model     graphical model on {_plural(p['num_measurements'], 'noisy marginal table')}, "
+                     f"{_plural(len(twin.schema), 'column')}, {_plural(num_records, 'record')} (N treated as public)")
     else:
         lines.append(f"  noise     sigma = {p['sigma']:.4g}, clipping threshold C = {p['clipping_threshold']:g}, "
                      f"q = {p['q']:.4g}, steps = {p['num_steps']}, seed: {seed_text}")
-        lines.append(f"  model     {twin.model_spec.get('num_components')}-component mixture, {len(twin.schema)} "
-                     f"columns, {num_records} records (N treated as public)")
+        lines.append(f"  model     {twin.model_spec.get('num_components')}-component mixture, "
+                     f"{_plural(len(twin.schema), 'column')}, {_plural(num_records, 'record')} (N treated as public)")
     lines.append(f"  time      {seconds:.1f} s (fit {twin.fit_info['seconds']:.1f} s)")
-    if p["not_covered"]:
-        lines.append("  WARNING   read from the data WITHOUT privacy (not covered by epsilon, delta; pass --schema "
-                     "to avoid):")
-        for col, fields in p["not_covered"].items():
-            lines.append(f"              {col}: {', '.join(fields)}")
-    lines.append(f"  synthetic {num_synthetic} records -> {args.output}")
+    lines += _noise_lines(args, twin, num_records)
+    lines += _not_covered_lines(args, twin)
+    lines.append(f"  synthetic {_plural(num_synthetic, 'record')} -> {args.output}")
     if args.report_dir:
-        lines.append(f"  report    {num_report_files} files -> {args.report_dir}  (NOT private: statistics of "
-                     "the real data, do not publish)")
+        lines.append(f"  report    {_plural(num_report_files, 'file')} -> {args.report_dir}  (NOT private: "
+                     "statistics of the real data, do not publish)")
     if args.save_model:
         lines.append(f"  model     saved -> {args.save_model}")
     return lines
+
+
+#: How the summary names each sampler of the mixture.
+_SAMPLING_WORDS = {"poisson": "Poisson sampling", "fixed": "fixed-size batches"}
+
+
+def _noise_lines(args, twin, num_records: int) -> List[str]:
+    """A warning when the marginal twin is mostly noise (public facts: schema, N, epsilon, delta)."""
+    from d3p.twin.marginal import noise_warning
+
+    p = twin.privacy
+    if twin.model_spec.get("type") != "marginal" or not p["private"]:
+        return []
+    text = noise_warning(twin.schema, num_records, p["target_epsilon"], p["delta"], relation=p["relation"])
+    return [f"  WARNING   {text}"] if text else []
+
+
+def _not_covered_lines(args, twin) -> List[str]:
+    """The schema fields read from the data, one short line per column, and how to avoid reading them."""
+    fields = twin.privacy["not_covered"]
+    if not fields:
+        return []
+    if args.schema:
+        how = (f"give their values from public knowledge in {args.schema} and remove their names from each "
+               "column's 'inferred'")
+    else:
+        how = ("write the schema with 'python -m d3p twin-schema', replace them by public knowledge and pass it "
+               "with --schema")
+    lines = [f"  WARNING   schema fields of {_plural(len(fields), 'column')} read from the data WITHOUT privacy "
+             "(not covered by epsilon, delta):"]
+    lines += [f"              {line}" for line in twin.schema.inferred_lines(fields)]
+    lines.append(f"            to avoid it: {how}")
+    return lines
+
+
+def _utility(args, data, synthetic, twin) -> dict:
+    """The report's metrics of the synthetic against the real data (NOT private)."""
+    from d3p.twin.metrics import utility_metrics
+
+    return utility_metrics(data.rename(columns=str), synthetic.rename(columns=str), schema=twin.schema,
+                           target=args.target)
+
+
+def _utility_lines(metrics: dict) -> List[str]:
+    """The headline figures of :func:`d3p.twin.report.headline_figures`, labelled as not private."""
+    from d3p.twin.report import headline_lines
+
+    return (["  utility   computed on the REAL data, NOT private (outside epsilon, delta; for the data "
+             "holder only; --no-utility omits it):"]
+            + [f"              {line}" for line in headline_lines(metrics)])
 
 
 # --------------------------------------------------------------- twin-schema
@@ -472,7 +592,7 @@ def add_twin_schema_subparser(subparsers) -> argparse.ArgumentParser:
     :return: the ``twin-schema`` parser.
     """
     p = subparsers.add_parser("twin-schema", help="write the schema a twin would infer, to edit and pass back",
-                              description=_SCHEMA_DESCRIPTION)
+                              description=_SCHEMA_DESCRIPTION, allow_abbrev=False)
     add_twin_schema_arguments(p)
     p.set_defaults(func=main_twin_schema, command_parser=p)
     return p
@@ -491,7 +611,7 @@ def main_twin_schema(args: argparse.Namespace, parser: Optional[argparse.Argumen
     try:
         args.report_dir = args.save_model = args.target = None
         _check_paths(args)
-        data, schema = _read_inputs(args)
+        data, schema = _read_inputs(args, command="twin-schema")
         tmp = _io.temporary_file_for(args.output)
         try:
             schema.save(tmp)
@@ -500,9 +620,11 @@ def main_twin_schema(args: argparse.Namespace, parser: Optional[argparse.Argumen
             if os.path.exists(tmp):
                 os.remove(tmp)
     except (_BadInput, TwinInputError) as e:
-        return _err(str(e))
-    except (ValueError, TypeError, PermissionError, IsADirectoryError) as e:
-        return _err(str(e))
+        return _err(str(e), "twin-schema")
+    except (ValueError, TypeError) as e:
+        return _err(_validate.in_option_terms(str(e), _OPTIONS, _VALUES), "twin-schema")
+    except (PermissionError, IsADirectoryError, FileNotFoundError) as e:
+        return _err(str(e), "twin-schema")
     print("\n".join(["d3p twin-schema: inferred schema", *("  " + line for line in schema.summary_lines()),
                       f"  schema    -> {args.output}  (edit it, then: python -m d3p twin {args.input} OUT.csv "
                       f"--epsilon E --schema {args.output})"]))
@@ -515,7 +637,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     :param argv: arguments (default ``sys.argv[1:]``).
     :return: exit status.
     """
-    parser = argparse.ArgumentParser(prog="python -m d3p.twin", description=_DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="python -m d3p.twin", description=_DESCRIPTION, allow_abbrev=False)
     add_twin_arguments(parser)
     args = parser.parse_args(argv)
     return main_twin(args)

@@ -62,7 +62,7 @@ from d3p.twin.schema import Schema
 
 __all__ = ["MarginalModel", "MarginalPlan", "plan_marginals", "fit_marginals", "one_way_shares", "default_num_rounds",
            "rare_cell_merging", "target_round", "tree_round", "DEFAULT_MAX_MODEL_CELLS", "RARE_CELL_STDS",
-           "TARGET_EVERY", "MAX_ROUNDS"]
+           "TARGET_EVERY", "MAX_ROUNDS", "one_way_noise_share", "noise_warning", "NOISY_SHARE"]
 
 #: Largest total number of cells of the junction tree's cliques: a candidate
 #: table that would make the model larger is not considered.
@@ -542,3 +542,44 @@ class MarginalModel:
         if self._calibrated is None:
             self._calibrated = calibrate(self.graph)
         return self.space.codes(sample(self._calibrated, num_records, rng), rng)
+
+
+#: :func:`one_way_noise_share` above which a marginal twin is mostly noise.
+NOISY_SHARE = 0.5
+
+
+def one_way_noise_share(sizes: Sequence[int], num_records: int, epsilon: float, delta: float, *,
+                        relation: str = accounting.ADD_REMOVE) -> float:
+    """The expected total absolute noise of a column's one-way table, as a
+    share of N, averaged over the columns: ``sqrt(2/π) × cells × std / N``
+    with each table's std from :func:`plan_marginals` and
+    :func:`one_way_shares`. Near or above 1, the noisy tables carry little of
+    the data: the twin is mostly noise. Public facts only (the schema's cell
+    counts, N, ε, δ); 0 for ``epsilon=inf``.
+
+    :param sizes: the number of cells of every column (``CellSpace.sizes``).
+    :param int num_records: N.
+    :param float epsilon: target ε.
+    :param float delta: target δ.
+    :param str relation: the neighbouring relation.
+    """
+    num_records = _validate.integer("num_records", num_records, minimum=1)
+    plan = plan_marginals(epsilon, delta, len(sizes), relation=relation)
+    if math.isinf(plan.rho):
+        return 0.0
+    noise = [cells * plan.l2_sensitivity * _noise_multiplier(rho) * math.sqrt(2.0 / math.pi)
+             for cells, rho in zip(sizes, one_way_shares(sizes, plan.rho_one_way))]
+    return float(np.mean(noise)) / num_records
+
+
+def noise_warning(schema: Schema, num_records: int, epsilon: float, delta: float, *,
+                  relation: str = accounting.ADD_REMOVE) -> Optional[str]:
+    """A warning text when a marginal twin of ``num_records`` records would be
+    mostly noise (:func:`one_way_noise_share` at least :data:`NOISY_SHARE`),
+    else None. Public facts only: the schema's cells, N, ε, δ."""
+    share = one_way_noise_share(CellSpace(schema).sizes, num_records, epsilon, delta, relation=relation)
+    if share < NOISY_SHARE:
+        return None
+    return (f"with N={num_records} records at epsilon={epsilon:g}, the noise on each one-way table adds up to "
+            f"about {share:.0%} of N: the twin will be mostly noise. More records, a larger epsilon or columns "
+            "with fewer levels or bins help.")

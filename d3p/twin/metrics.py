@@ -35,6 +35,7 @@ __all__ = [
     "uniform_baseline",
     "utility_metrics",
     "numeric_view",
+    "worst_pair",
 ]
 
 _MISSING = "<missing>"
@@ -231,6 +232,21 @@ def correlation_difference(
     if iu[0].size == 0:
         return CorrelationDifference(0.0, 0.0, cr, cs)
     return CorrelationDifference(float(d[iu].mean()), float(d[iu].max()), cr, cs)
+
+
+def worst_pair(cd: CorrelationDifference) -> Optional[dict]:
+    """The pair of variables whose correlation differs most in ``cd``:
+    ``{"variables": [a, b], "real": r, "synthetic": s}`` (None with fewer
+    than two variables). NOT private: ``r`` is a statistic of the real data."""
+    d = np.abs(cd.real.to_numpy() - cd.synthetic.to_numpy())
+    iu = np.triu_indices(d.shape[0], k=1)
+    if iu[0].size == 0:
+        return None
+    k = int(np.argmax(d[iu]))
+    i, j = int(iu[0][k]), int(iu[1][k])
+    names = [str(c) for c in cd.real.columns]
+    return {"variables": [names[i], names[j]], "real": float(cd.real.iat[i, j]),
+            "synthetic": float(cd.synthetic.iat[i, j])}
 
 
 def _require_sklearn():
@@ -473,7 +489,8 @@ def utility_metrics(
     :param bool baseline: also score :func:`uniform_baseline` (needs ``schema``).
     :param int rng_seed: seed of the baseline.
     :return: ``{"marginal_tv": {...}, "mean_marginal_tv", "correlation_mean_abs_difference",
-        "correlation_max_abs_difference", "baseline": {...}, "classification": {...}}``.
+        "correlation_max_abs_difference", "correlation_worst_pair" (see :func:`worst_pair`),
+        "baseline": {...}, "classification": {...}}``.
 
     NOT private: reads the real data.
     """
@@ -486,6 +503,7 @@ def utility_metrics(
         "mean_marginal_tv": float(np.mean(list(tv.values()))),
         "correlation_mean_abs_difference": cd.mean_abs,
         "correlation_max_abs_difference": cd.max_abs,
+        "correlation_worst_pair": worst_pair(cd),
     }
     if baseline and schema is not None:
         base = uniform_baseline(schema, max(len(real), 1000), rng_seed, bins=bins)
@@ -497,6 +515,7 @@ def utility_metrics(
             "mean_marginal_tv": float(np.mean(list(btv.values()))),
             "correlation_mean_abs_difference": bcd.mean_abs,
             "correlation_max_abs_difference": bcd.max_abs,
+            "correlation_worst_pair": worst_pair(bcd),
         }
     if target is not None:
         out["classification"] = train_on_synthetic_accuracy(

@@ -29,7 +29,7 @@ from d3p.twin import metrics as _metrics
 from d3p.twin._io import atomic_directory
 from d3p.twin.schema import Schema
 
-__all__ = ["write_report", "write_report_files", "REPORT_NOTE"]
+__all__ = ["write_report", "write_report_files", "headline_lines", "REPORT_NOTE"]
 
 #: The warning stored in every report.
 REPORT_NOTE = (
@@ -124,12 +124,15 @@ def _plot_correlation(path, cd: _metrics.CorrelationDifference):
 
 
 def write_report_files(directory: str, real: pd.DataFrame, synthetic: pd.DataFrame, *, schema=None, twin=None,
-                       target=None, real_train=None, bins: int = 20, seed: int = 0) -> List[str]:
+                       target=None, real_train=None, bins: int = 20, seed: int = 0,
+                       metrics: Optional[dict] = None) -> List[str]:
     """Write the report's files into the existing ``directory`` (not atomically;
-    see :func:`write_report`). Returns the file names."""
+    see :func:`write_report`). Returns the file names. ``metrics``: those of
+    :func:`d3p.twin.utility_metrics` for the same arguments, if already
+    computed (default: computed here)."""
     real, synthetic = real.rename(columns=str), synthetic.rename(columns=str)
-    m = _metrics.utility_metrics(real, synthetic, schema=schema, target=target, real_train=real_train,
-                                 bins=bins, rng_seed=seed)
+    m = metrics if metrics is not None else _metrics.utility_metrics(
+        real, synthetic, schema=schema, target=target, real_train=real_train, bins=bins, rng_seed=seed)
     cd = _metrics.correlation_difference(real, synthetic, schema=schema)
     files = []
     for i, c in enumerate(real.columns):
@@ -159,6 +162,36 @@ def write_report_files(directory: str, real: pd.DataFrame, synthetic: pd.DataFra
         json.dump(_json_safe(report), f, indent=2, allow_nan=False)
         f.write("\n")
     return files + ["report.json"]
+
+
+def headline_lines(metrics: dict) -> List[str]:
+    """The headline figures of :func:`d3p.twin.utility_metrics`, one per line:
+    the mean total-variation distance of the one-way marginals and the
+    largest correlation error, each against the independent-uniform baseline
+    where the metrics have it, and the train-on-synthetic accuracy where a
+    target was given. NOT private: they describe the real data."""
+    base = metrics.get("baseline")
+    versus = lambda key: f" (uniform baseline {base[key]:.3f})" if base else ""  # noqa: E731
+    lines = [f"mean TV of the one-way marginals       {metrics['mean_marginal_tv']:.3f}{versus('mean_marginal_tv')}"
+             "  (0 = same marginals)"]
+    worst = metrics.get("correlation_worst_pair")
+    compared = ["mean_marginal_tv"]
+    if worst:  # at least two variables
+        a, b = worst["variables"]
+        lines.append(f"largest correlation error             {metrics['correlation_max_abs_difference']:.3f}"
+                     f"{versus('correlation_max_abs_difference')}  ({a} ~ {b}: real {worst['real']:.3f}, "
+                     f"synthetic {worst['synthetic']:.3f})")
+        compared.append("correlation_max_abs_difference")
+    words = {"mean_marginal_tv": "the marginals", "correlation_max_abs_difference": "the largest correlation error"}
+    worse = [words[key] for key in compared if base and metrics[key] >= base[key]]
+    if worse:
+        lines.append(f"WARNING: no better than independent uniform columns on {' and '.join(worse)}")
+    cls = metrics.get("classification")
+    if cls:
+        protocol = str(cls["reference_protocol"]).replace("real_test", "the real data")
+        lines.append(f"accuracy predicting {cls['target']!r}: trained on synthetic {cls['train_on_synthetic']:.3f}, "
+                     f"on real {cls['train_on_real']:.3f} ({protocol}), majority class {cls['majority']:.3f}")
+    return lines
 
 
 def write_report(

@@ -97,6 +97,10 @@ NUMERIC_MAX_LEVELS = 20
 HURDLE_MIN_SHARE = 0.1
 #: Distributions whose code is the count above ``lower`` (not a scaled value).
 INTEGER_CODE_DISTRIBUTIONS = ("poisson", "negbinomial")
+#: The most decimals a real column is rounded to (``ColumnSpec.decimals``); a
+#: column whose values need more (results of a computation) is read as having
+#: this many.
+MAX_DECIMALS = 15
 
 
 class TwinInputError(ValueError):
@@ -176,6 +180,10 @@ class ColumnSpec:
     :param other: for a categorical column, one of its ``levels`` that
         receives every value that is not among the levels (and, if the column
         is not nullable, a missing value); see :meth:`encode`. Optional.
+    :param int decimals: for a real column, the number of decimals that
+        synthetic values are rounded to (:meth:`decode`), 0 to
+        :data:`MAX_DECIMALS`; None (default): not rounded. Optional;
+        :func:`infer_schema` reads it from the data where it infers the column.
     """
 
     name: str
@@ -189,6 +197,7 @@ class ColumnSpec:
     distribution: Optional[str] = None
     inferred: Tuple[str, ...] = ()
     other: Any = None
+    decimals: Optional[int] = None
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -216,6 +225,7 @@ class ColumnSpec:
                 f"upper={self.upper}."
             )
         self._check_other()
+        self._check_decimals()
         if self.kind is not None and self.distribution is not None:
             if self.distribution not in DISTRIBUTIONS[self.kind]:
                 raise TwinInputError(
@@ -247,6 +257,19 @@ class ColumnSpec:
         if self.levels is not None and _level_key(self.other) not in set(map(_level_key, self.levels)):
             raise TwinInputError(
                 f"Expected other to be one of the levels of column {self.name!r}, got other={self.other!r}."
+            )
+
+    def _check_decimals(self) -> None:
+        """``decimals`` is an integer in [0, MAX_DECIMALS] of a real column (a check of the schema alone)."""
+        if self.decimals is None:
+            return
+        object.__setattr__(self, "decimals", _column_check(
+            self.name, lambda n, v: _validate.integer(n, v, minimum=0, maximum=MAX_DECIMALS), "decimals",
+            self.decimals))
+        if self.kind is not None and self.kind != "real":
+            raise TwinInputError(
+                f"Expected decimals only for a real column, got decimals={self.decimals} for the {self.kind} "
+                f"column {self.name!r}."
             )
 
     # -------------------------------------------------------------- status
@@ -499,6 +522,8 @@ class ColumnSpec:
             x = self.scale_inverse(safe)
             if self.kind == "count":
                 x = np.clip(np.round(x), self.lower, self.upper)
+            elif self.decimals is not None:
+                x = np.clip(np.round(x, self.decimals), self.lower, self.upper)
         probe = [self.lower, self.upper]
         if _is_integer_dtype(self.output_dtype):
             x, probe = np.round(x), [float(np.round(b)) for b in probe]
@@ -916,7 +941,8 @@ class Schema:
         return np.zeros((num_records, len(self.columns)), np.float32)
 
     def summary_lines(self) -> List[str]:
-        """One human-readable line per column."""
+        """One human-readable line per column; bounds only where they were
+        given (a bound read from the data is one record's value)."""
         lines = []
         for c in self.columns:
             s = f"{c.name}: {c.kind}"
@@ -925,12 +951,46 @@ class Schema:
                 if c.other is not None:
                     s += f" (other: {c.other!r})"
             elif c.kind in ("real", "count"):
-                s += f" in [{c.lower:g}, {c.upper:g}], {c.distribution}"
+                read = {"lower", "upper"} & set(c.inferred)
+                # a bound read from the data is one record's value: in the file, never printed
+                s += (", bounds read from the data" if read else f" in [{c.lower:g}, {c.upper:g}]")
+                s += f", {c.distribution}"
+                if c.decimals is not None:
+                    s += f", {c.decimals} decimals"
             if c.nullable:
                 s += ", nullable"
             if c.inferred:
                 s += f"  (read from data: {', '.join(c.inferred)})"
             lines.append(s)
+        return lines
+
+    def inferred_lines(self, fields: Optional[Mapping[str, Sequence[str]]] = None, *,
+                       max_columns: int = 12, name_width: int = 24) -> List[str]:
+        """A short summary of what was read from the data: one line per column
+        (at most ``max_columns``, then a line with the number left out) with
+        its name (cut at ``name_width`` characters), kind, number of levels and
+        the fields read. It quotes no value of the data (no bound, no level).
+
+        :param fields: ``{column: fields read}`` (default: :meth:`inferred_fields`).
+        :param int max_columns: the most columns listed.
+        :param int name_width: the most characters of a column name shown.
+        """
+        fields = self.inferred_fields() if fields is None else fields
+        shown = [(name, read) for name, read in fields.items() if read]
+        rows = []
+        for name, read in shown[:max_columns]:
+            c = self[name]
+            label = name if len(name) <= name_width else name[:name_width - 1] + "…"
+            detail = c.kind or "?"
+            if c.kind == "categorical":
+                detail += f", {c.num_levels} level{'s' if c.num_levels != 1 else ''}"
+            read = ["bounds" if f in ("lower", "upper") else f for f in read]
+            rows.append((label, detail, ", ".join(dict.fromkeys(read))))
+        widths = [max((len(r[i]) for r in rows), default=0) for i in range(2)]
+        lines = [f"{label:<{widths[0]}}  {detail:<{widths[1]}}  read: {read}" for label, detail, read in rows]
+        if len(shown) > max_columns:
+            left = len(shown) - max_columns
+            lines.append(f"... and {left} more column{'s' if left != 1 else ''}")
         return lines
 
 
@@ -1038,6 +1098,12 @@ def _infer_column(spec: ColumnSpec, col: pd.Series, max_levels: int) -> ColumnSp
         kw["distribution"], looked = _infer_distribution(name, kind, kw["lower"], kw["upper"], present)
         if looked:
             inferred.append("distribution")
+    if kind == "real" and spec.decimals is None:
+        kw["decimals"] = _infer_decimals(_numeric_values(name, present))
+        inferred.append("decimals")
+        for bound in ("lower", "upper"):  # a minimum or maximum read from the data, at that precision
+            if getattr(spec, bound) is None:
+                kw[bound] = float(np.round(kw[bound], kw["decimals"]))
     kw["inferred"] = tuple(dict.fromkeys(inferred))
     return _with_default_dtype(ColumnSpec(**kw), col)
 
@@ -1086,6 +1152,20 @@ def _infer_distribution(name: str, kind: str, lower, upper, present: pd.Series) 
     if not lower >= 0:
         return "normal", True
     return ("lognormal" if float(np.median(x)) - lower < 0.1 * (upper - lower) else "normal"), True
+
+
+def _infer_decimals(x: np.ndarray) -> int:
+    """The fewest decimals (at most :data:`MAX_DECIMALS`) that every value of
+    ``x`` has, up to twice the float spacing at the value (``0.1 + 0.2`` has
+    one decimal): the precision of the column as it was written."""
+    if x.size == 0:
+        return 0
+    tolerance = 2.0 * np.spacing(np.abs(x))
+    for decimals in range(MAX_DECIMALS):
+        with np.errstate(all="ignore"):
+            if np.all(np.abs(np.round(x, decimals) - x) <= tolerance):
+                return decimals
+    return MAX_DECIMALS
 
 
 def _with_default_dtype(spec: ColumnSpec, col: pd.Series) -> ColumnSpec:
@@ -1221,7 +1301,7 @@ def inference_message(schema: Schema, fields: Optional[Mapping[str, Sequence[str
     """
     if fields is None:
         fields = schema.inferred_fields()
-    groups = {"bounds": [], "levels": [], "nullable": [], "distribution": [], "kind": []}
+    groups = {"bounds": [], "levels": [], "nullable": [], "distribution": [], "kind": [], "decimals": []}
     for name, read in fields.items():
         c = schema[name]
         if "lower" in read or "upper" in read:
@@ -1236,12 +1316,15 @@ def inference_message(schema: Schema, fields: Optional[Mapping[str, Sequence[str
             groups["distribution"].append(f"{name!r} ({c.distribution})")
         if "kind" in read:
             groups["kind"].append(f"{name!r} ({c.kind})")
+        if "decimals" in read:
+            groups["decimals"].append(f"{name!r} ({c.decimals})")
     labels = {
         "bounds": "bounds (minimum and maximum) of",
         "levels": "category levels of",
         "nullable": "whether values are missing in",
         "distribution": "distribution choice (from the median) of",
         "kind": "kind (from the values) of",
+        "decimals": "decimals (the precision of the values) of",
     }
     parts = [f"{labels[k]} {', '.join(v)}" for k, v in groups.items() if v]
     return (
