@@ -59,28 +59,46 @@ def clip_gradient(list_of_gradient_parts, c, rescale_factor=1.0):
     Every part is multiplied by the clip factor ``1 / max(1, norm / c)`` of
     :func:`d3p.gradients.clip_gradient` (the single implementation: ``norm``
     is an upper bound of the exact norm of all parts together, and the factor
-    leaves room for rounding), then by ``rescale_factor``.
+    leaves room for rounding), then by ``rescale_factor``. ``c = inf`` means
+    no clipping: the parts are returned as given (times ``rescale_factor``),
+    as in d3p 0.2. (:class:`d3p.svi.DPSVI` refuses an infinite clipping
+    threshold together with noise: its sensitivity would be unbounded.)
 
-    **Formal guarantees.** Before the rescaling, the exact L2 norm of all
-    returned parts together is at most ``c``; a gradient with a non-finite
-    entry becomes zeros (see :func:`d3p.gradients.clip_gradient`).
+    **Formal guarantees.** For a finite ``c``, before the rescaling, the exact
+    L2 norm of all returned parts together is at most ``c``; a gradient with a
+    non-finite entry becomes zeros (see :func:`d3p.gradients.clip_gradient`).
+    ``c = inf`` bounds nothing.
 
     :param list_of_gradient_parts: a list or tuple of arrays, or any pytree.
-    :param float c: the clipping threshold, finite and ``> 0``.
+    :param float c: the clipping threshold, ``> 0`` (``inf``: no clipping).
     :param rescale_factor: a factor applied after clipping.
     :return: the clipped parts, in the same container type as given.
-    :raises ValueError: if ``c`` is not a finite number ``> 0``.
+    :raises ValueError: if ``c`` is not a number ``> 0`` (``nan``, ``0`` and
+        negative thresholds are refused).
 
     >>> import jax.numpy as jnp
     >>> parts = [jnp.array([3.0]), jnp.array([4.0])]
     >>> [[round(v, 5) for v in p.tolist()] for p in clip_gradient(parts, 1.0)]
     [[0.6], [0.8]]
+    >>> [p.tolist() for p in clip_gradient(parts, float("inf"))]
+    [[3.0], [4.0]]
     """
-    c = _public_number(_validate.positive, "c", c)
+    c = _public_number(_validate.positive, "c", c, finite=False)
     if not jax.tree.leaves(list_of_gradient_parts):
         return list_of_gradient_parts
+
+    def rescale(tree):
+        return jax.tree.map(lambda g: g * jnp.asarray(rescale_factor, jnp.result_type(g)), tree)
+
+    if not isinstance(c, jax.core.Tracer):
+        if c == float("inf"):
+            return rescale(jax.tree.map(jnp.asarray, list_of_gradient_parts))
+        clipped, _ = gradients.clip_gradient(list_of_gradient_parts, c)
+        return rescale(clipped)
+    # a threshold traced by an enclosing transformation: inf still means no clipping
     clipped, _ = gradients.clip_gradient(list_of_gradient_parts, c)
-    return jax.tree.map(lambda g: g * jnp.asarray(rescale_factor, g.dtype), clipped)
+    unclipped = jax.tree.map(jnp.asarray, list_of_gradient_parts)
+    return rescale(jax.tree.map(lambda g, k: jnp.where(jnp.isposinf(c), g, k), unclipped, clipped))
 
 
 def normalize_gradient(list_of_gradient_parts, ord=2):

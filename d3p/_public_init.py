@@ -17,10 +17,11 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoGuide, AutoGuideList
 from numpyro.primitives import Messenger
 
-from d3p._records import _records
+from d3p._records import _depends_on_inputs, _records
 
 
 def _record_shapes(leaves) -> list:
@@ -130,3 +131,43 @@ def public_guide_setup(guide, *, ignore_likelihood: bool):
     finally:
         for g, model in zip(guides, models):
             g.model = model
+
+
+def placeholder_dependent_params(model, guide, treedef, leaves, static_kwargs, init_params) -> dict:
+    """``{"guide": names, "model": names}``: the param sites whose initial value
+    may depend on the values of the records ``leaves`` (structure ``treedef``)
+    that model and guide are initialised on, as :meth:`numpyro.infer.SVI.init`
+    finds them (guide first, then the model replayed against it; sites in
+    ``init_params`` are given, not computed).
+
+    Found from one abstract trace of shapes and dtypes (``jax.make_jaxpr``, no
+    compilation, no value read) and :func:`d3p._records._depends_on_inputs`,
+    which may report a dependence that cancels out but never misses one. A
+    NumPyro autoguide is not traced (its setup searches for initial values at
+    a cost; its parameters come from the model's latent sites): ``{}``.
+    Errors of the model or guide propagate.
+    """
+    if _autoguides(guide):
+        return {}
+    init_params = dict(init_params or {})
+    structs = [jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)) for x in leaves]
+    names = {}
+
+    def initial_params(leaves):
+        args, kwargs = jax.tree.unflatten(treedef, leaves)
+        model_key, guide_key = jax.random.split(jax.random.PRNGKey(0))
+        guide_trace = trace(substitute(seed(guide, guide_key), init_params)).get_trace(
+            *args, **kwargs, **static_kwargs)
+        guide_params = {n: site["value"] for n, site in guide_trace.items()
+                        if site["type"] == "param" and n not in init_params}
+        model_trace = trace(substitute(replay(seed(model, model_key), guide_trace), data={
+            **guide_params, **init_params})).get_trace(*args, **kwargs, **static_kwargs)
+        model_params = {n: site["value"] for n, site in model_trace.items()
+                        if site["type"] == "param" and n not in guide_params and n not in init_params}
+        names["guide"], names["model"] = list(guide_params), list(model_params)
+        return [jnp.asarray(v) for v in guide_params.values()], [jnp.asarray(v) for v in model_params.values()]
+
+    closed = jax.make_jaxpr(initial_params)(structs)
+    dependent = iter(_depends_on_inputs(closed.jaxpr))
+    found = {role: [n for n in names[role] if next(dependent)] for role in ("guide", "model")}
+    return {role: found_names for role, found_names in found.items() if found_names}

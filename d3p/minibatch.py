@@ -463,11 +463,16 @@ def poisson_max_batch_size(
     >>> poisson_max_batch_size(100, 0.5, 0.5)
     50
     """
-    from scipy.stats import binom
-
     num_records = _num_records(num_records)
     q = _validate.probability("q", q)
     p = _validate.number("overflow_probability", overflow_probability, low=0.0, high=1.0, high_open=True)
+    return max(_binomial_tail_size(num_records, q, p), 1)
+
+
+def _binomial_tail_size(num_records: int, q: float, p: float) -> int:
+    """The smallest ``m`` in ``[0, N]`` with ``P(K > m) <= p``, ``K ~ Binomial(N, q)``."""
+    from scipy.stats import binom
+
     if p == 0.0 or q == 1.0:
         return num_records
     # binary search: P(K > m) is non-increasing in m (SciPy's isf is unreliable this far out)
@@ -478,8 +483,7 @@ def poisson_max_batch_size(
             hi = mid
         else:
             lo = mid + 1
-    m = lo
-    return max(m, 1)
+    return lo
 
 
 def poisson_overflow_delta(
@@ -646,8 +650,13 @@ _OVERSIZED_BATCH_HANDLING = ("truncate", "suppress")
 
 def _poisson_max_batch_size(value, num_records: int, q: float) -> int:
     """``max_batch_size`` of a Poisson sampler: None (the default size), an
-    integer size in ``[1, N]``, or a float quantile in (0, 1) of the batch
-    size ``K ~ Binomial(N, q)``: the smallest ``m`` with ``P(K <= m) >= quantile``."""
+    integer size in ``[1, N]``, or a float ``p`` in (0, 1), d3p 0.2's
+    quantile form: the smallest ``m`` for which a batch has FEWER than ``m``
+    records with probability at least ``p``, ``P(K < m) >= p`` for
+    ``K ~ Binomial(N, q)`` -- one more than the ``p``-quantile of ``K``
+    (capped at N). The overflow probability ``P(K > m)`` is then at most
+    ``1 - p`` and is accounted in δ whatever ``m`` is
+    (:func:`poisson_overflow_delta`)."""
     if value is None:
         return poisson_max_batch_size(num_records, q)
     try:
@@ -661,8 +670,8 @@ def _poisson_max_batch_size(value, num_records: int, q: float) -> int:
             f"Expected max_batch_size to be an integer in [1, {num_records}] or a quantile in "
             f"(0, 1), got max_batch_size={value!r}."
         ) from None
-    # P(K <= m) >= quantile  <=>  P(K > m) <= 1 - quantile
-    return max(1, poisson_max_batch_size(num_records, q, 1.0 - quantile))
+    # P(K < m) >= p  <=>  P(K > m - 1) <= 1 - p: m - 1 is the p-quantile of K
+    return min(num_records, _binomial_tail_size(num_records, q, 1.0 - quantile) + 1)
 
 
 @dataclass(frozen=True)
@@ -672,9 +681,10 @@ class PoissonSampler:
     :param int num_records: number of records N (public).
     :param float q: sampling probability in (0, 1] (public).
     :param max_batch_size: length of the padded output: an integer in
-        ``[1, N]``, or a float in (0, 1) for a quantile of the batch size
-        ``K ~ Binomial(N, q)`` (the smallest ``m`` with
-        ``P(K <= m) >= max_batch_size``, at least 1; stored as that integer).
+        ``[1, N]``, or a float ``p`` in (0, 1) as in d3p 0.2: the smallest
+        ``m`` with ``P(K < m) >= p`` for the batch size ``K ~ Binomial(N, q)``,
+        i.e. one more than the ``p``-quantile of K, at most N (stored as that
+        integer; e.g. 39 where the quantile is 38).
         Default :func:`poisson_max_batch_size` ``(N, q)``, the smallest size
         whose overflow probability per step is at most
         :data:`DEFAULT_OVERFLOW_PROBABILITY` (1e-18).
@@ -1118,9 +1128,10 @@ def poisson_batchify_data(
         or a single array (batches mirror its structure).
     :param float q: sampling probability of every record, in (0, 1].
     :param max_batch_size: padded batch length: an integer in ``[1, N]``, or a
-        float in (0, 1) for that quantile of the batch size distribution;
-        default: overflow probability at most 1e-18 per step (see
-        :class:`PoissonSampler`).
+        float ``p`` in (0, 1) for one more than the ``p``-quantile of the batch
+        size distribution (d3p 0.2's value: a batch is shorter with probability
+        at least ``p``); default: overflow probability at most 1e-18 per step
+        (see :class:`PoissonSampler`).
     :param str handle_oversized_batch: ``"truncate"`` (default) or
         ``"suppress"``: what a batch of more than ``max_batch_size`` records
         becomes (see :class:`PoissonSampler`).

@@ -10,9 +10,11 @@ The module also keeps d3p 0.2's helpers on lists of gradient parts
 :func:`get_observations_scale`; they accept any pytree as well.
 """
 
+import contextlib
 import dataclasses
 import functools
 import math
+import warnings
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -37,7 +39,7 @@ from d3p._gradient_lists import (  # noqa: F401 (public, see __all__)
     get_observations_scale,
     normalize_gradient,
 )
-from d3p._public_init import public_guide_setup, public_records
+from d3p._public_init import placeholder_dependent_params, public_guide_setup, public_records
 from d3p._records import _depends_on_inputs, _evaluate_constant_outputs, _records
 from d3p._run import _require_batches, _run_with_progress_bar, _RunCache, _RunPlan
 
@@ -61,20 +63,22 @@ class DPSVIState(NamedTuple):
       state (see :class:`DPSVI`).
     - **rng_key** - the key of the PRNG suite (``d3p.random`` by default) from
       which the next step draws its privacy noise and Monte Carlo samples.
-    - **observation_scale** - the likelihood scale of the batch last used by
-      :meth:`DPSVI.init` or :meth:`DPSVI.update`, as d3p 0.2's state held it:
-      the model's scale of one record (the plate's ``N``, times constant
-      ``numpyro.handlers.scale`` factors) over the batch's leading length
-      ``B`` (padded records included), i.e. the plate's ``N / B``. It is a
-      0-d array of JAX's default float dtype, so the state keeps its pytree
-      structure and dtypes as a ``lax.scan``/``fori_loop``/``while_loop``
-      carry. It depends only on shapes and public constants, never on data
-      values. With ``clip_unscaled_observations=False`` DPSVI neither reads
-      nor applies the model's scale (it is not checked to be public) and the
-      field is 1.0. A batch of zero rows has no scale and keeps the previous
-      value. Defaults to ``None`` so that a state can be built from the first
-      three fields; ``update`` keeps ``None`` in such a state (its structure
-      stays the same).
+    - **observation_scale** - the likelihood scale of ONE record, as d3p
+      0.2's state held it: the model's scale of its observed sites on a batch
+      of one record (the plate's ``N / 1``, times constant
+      ``numpyro.handlers.scale`` factors), the public constant by which DPSVI
+      divides each record's loss before clipping. It does not depend on the
+      batch's length (the likelihood scale of a batch of ``B`` records is
+      this over ``B``). It is a 0-d array of JAX's default float dtype, so the
+      state keeps its pytree structure and dtypes as a
+      ``lax.scan``/``fori_loop``/``while_loop`` carry; it is set by
+      :meth:`DPSVI.init` and again by every update (for the records' structure
+      at hand), from shapes and public constants only, never from data values.
+      With ``clip_unscaled_observations=False`` DPSVI neither reads nor
+      applies the model's scale (it is not checked to be public) and the
+      field is 1.0. Defaults to ``None`` so that a state can be built from the
+      first three fields; ``update`` keeps ``None`` in such a state (its
+      structure stays the same).
     """
 
     optim_state: Any
@@ -178,10 +182,10 @@ def _optional_count(name, value) -> Optional[int]:
     return None if value is None else _validate.integer(name, value, minimum=1)
 
 
-def _batch_scale(record_scale: Optional[float], batch_length: int) -> jax.Array:
-    """:attr:`DPSVIState.observation_scale` of a batch of ``batch_length`` rows
-    (``> 0``) whose one-record scale is ``record_scale`` (``None``: 1.0)."""
-    value = 1.0 if record_scale is None else record_scale / batch_length
+def _state_scale(record_scale: Optional[float]) -> jax.Array:
+    """:attr:`DPSVIState.observation_scale` for the public one-record scale
+    ``record_scale`` (``None``, without ``clip_unscaled_observations``: 1.0)."""
+    value = 1.0 if record_scale is None else record_scale
     return jnp.asarray(value, dtype=jnp.result_type(float))
 
 
@@ -218,6 +222,22 @@ class _BatchSubsample(Messenger):
 
 def _batch_indices(size, subsample_size, rng_key=None):
     return jnp.arange(subsample_size)
+
+
+def _subsampling_plates(tr, observed) -> dict:
+    """The plates of the trace ``tr`` that subsample (declared size other than
+    the subsample size) and hold one of the ``observed`` sites: name -> the
+    declared size, a public constant of the model."""
+    found = {}
+    for site in observed:
+        for frame in site["cond_indep_stack"]:
+            plate = tr.get(frame.name)
+            if plate is None or plate["type"] != "plate":
+                continue
+            size, subsample_size = plate["args"]
+            if subsample_size is not None and subsample_size != size and isinstance(size, (int, np.integer)):
+                found[frame.name] = int(size)
+    return found
 
 
 class DPSVI(SVI):
@@ -267,7 +287,9 @@ class DPSVI(SVI):
     is post-processing. The sum changes by at most ``C`` in L2 norm when one
     record is added, removed or masked out, and by at most ``2 C`` when one is
     substituted, whatever the model, the data and the non-finite values in
-    per-record gradients (which are zeroed). Record ``i`` sees only row ``i``
+    per-record gradients (which are zeroed: a record holding NaN or inf
+    contributes zero, as if masked, with no message that would depend on
+    it). Record ``i`` sees only row ``i``
     of each data array; nothing in the data is shared between records. Padded
     records (``mask`` False) contribute exactly zero; an empty batch yields
     pure noise, never ``nan``. The noise scale depends only on ``dp_scale``
@@ -364,10 +386,12 @@ class DPSVI(SVI):
     :param batch_axis: the name of the mesh axis (or a tuple of names) along
         which records are sharded; default None: all axes of the mesh.
         Parameters and optimizer state are replicated along every axis.
-    :param static_kwargs: keyword arguments passed to model and guide at every
+    :param static_kwargs: keyword arguments passed to model AND guide at every
         call, shared by all records (e.g. ``N``, or group-level data); the only
         place for such values, and treated as public (they are used without
-        noise).
+        noise). A model or guide that does not accept them, or that uses data
+        values in Python or NumPy code, is refused with a ``TypeError`` that
+        names it; see "Common mistakes" in the getting-started guide.
 
     **Example**
 
@@ -440,8 +464,11 @@ class DPSVI(SVI):
         # private, so they get a public constant instead (loss-reading
         # transformations such as reduce_on_plateau then never adapt).
         self._optim_value = jnp.zeros(()) if getattr(self.optim, "update_with_value", False) else None
-        # the public observation scale per record structure (_observation_scale)
+        # the public observation scale and the subsampling plates of the observed
+        # sites, per record structure (_model_facts)
         self._public_scales = {}
+        # the (sigma, batch size) pairs already warned about (_warn_if_all_noise)
+        self._noise_warnings = set()
         # run's compiled steps, reused by later runs (see d3p._run._RunCache)
         self._run_cache = _RunCache()
         #: The :class:`d3p.gradients.StrategyChoice` of the most recent trace of
@@ -470,6 +497,18 @@ class DPSVI(SVI):
         without noise, as the normalisation), that differs between observed
         sites, or that is not finite and positive.
         """
+        return self._model_facts(params, treedef, leaves)[0]
+
+    def _records_plates(self, params, treedef, leaves) -> dict:
+        """The subsampling plates of the model's observed sites, name -> the
+        declared size (``N``), for records shaped like ``leaves``: public,
+        from the same trace of shapes as :meth:`_observation_scale`."""
+        return self._model_facts(params, treedef, leaves)[1]
+
+    def _model_facts(self, params, treedef, leaves) -> tuple:
+        """``(observation scale, subsampling plates)``: see :meth:`_observation_scale`
+        and :meth:`_records_plates`; found once per record structure and
+        parameter shapes."""
         one_record = tuple(
             jax.ShapeDtypeStruct(np.shape(x)[1:], jax.dtypes.canonicalize_dtype(x.dtype)) for x in leaves
         )
@@ -482,13 +521,16 @@ class DPSVI(SVI):
             self.clip_unscaled_observations,
         )
         if key not in self._public_scales:
-            self._public_scales[key] = self._find_observation_scale(param_structs, treedef, one_record)
+            plates = {}
+            scale = self._find_observation_scale(param_structs, treedef, one_record, plates)
+            self._public_scales[key] = (scale, plates)
         return self._public_scales[key]
 
-    def _find_observation_scale(self, param_structs, treedef, one_record) -> Optional[float]:
+    def _find_observation_scale(self, param_structs, treedef, one_record, plates) -> Optional[float]:
         """See :meth:`_observation_scale`: traces ``(params, key, record) ->
         scales of the observed sites`` and checks that they depend on none of
-        the three before evaluating them."""
+        the three before evaluating them. Fills ``plates`` with the
+        subsampling plates of the observed sites (see :func:`_subsampling_plates`)."""
         observed_names = []
 
         def observation_scales(params, rng_key, leaves):
@@ -518,6 +560,7 @@ class DPSVI(SVI):
                     "batch's likelihood is scaled by N / batch size."
                 )
             observed_names[:] = [s["name"] for s in observed]
+            plates.update(_subsampling_plates(tr, observed))
             return [jnp.asarray(s["scale"]) for s in observed]
 
         abstract_key = jax.eval_shape(jax.random.PRNGKey, 0)
@@ -565,6 +608,77 @@ class DPSVI(SVI):
             return loss if scale is None else loss / scale
 
         return record_loss
+
+    @contextlib.contextmanager
+    def _model_errors_explained(self, args, kwargs):
+        """While active, a ``TypeError`` raised by running the model or guide on
+        the data ``(args, kwargs)`` that is a known mistake (arguments they do
+        not accept, data values used in Python or NumPy code) is raised again
+        as a :class:`d3p._validate.ModelCodeError` that says what to change,
+        with the original as its ``__cause__``. Reads the signatures and the
+        number and names of the arguments only."""
+        try:
+            yield
+        except TypeError as err:
+            explained = _validate.model_call_error(err, self.model, self.guide, len(args), kwargs,
+                                                   self.static_kwargs)
+            if explained is None:
+                raise
+            raise explained from err
+
+    def _warn_if_all_noise(self, batch_size, stacklevel: int) -> None:
+        """:func:`d3p._validate.warn_if_all_noise` for this DPSVI's σ and C and a
+        public (expected) batch size, once per batch size; nothing for a traced
+        one. ``stacklevel`` counts from this method's caller (1)."""
+        if isinstance(batch_size, jax.core.Tracer):
+            return
+        key = (self.dp_scale, float(batch_size))
+        if key not in self._noise_warnings:
+            self._noise_warnings.add(key)
+            _validate.warn_if_all_noise(self.dp_scale, float(batch_size), self.clipping_threshold,
+                                        stacklevel=stacklevel + 1)
+
+    def _check_records_plate(self, svi_state, treedef, records, num_records: int) -> None:
+        """Raise unless the model's subsampling plate over the records declares
+        ``N = num_records``, the rows given to :meth:`run` (both public; a model
+        with several subsampling plates of different sizes is not checked)."""
+        params = self.optim.get_params(svi_state.optim_state)
+        args, kwargs = jax.tree.unflatten(treedef, records)
+        with self._model_errors_explained(args, kwargs):
+            plates = self._records_plates(params, treedef, records)
+        if len(set(plates.values())) == 1:
+            name, size = next(iter(plates.items()))
+            _validate.records_plate_size(name, size, num_records, self.static_kwargs)
+
+    def _warn_if_placeholder_dependent(self, public, treedef, init_params) -> None:
+        """Warn when the initial value of a param site of a guide written by
+        hand (or of the model) depends on the values of the records it was
+        initialised on, here the placeholders: found from an abstract trace
+        of shapes and dtypes only, never from values."""
+        args, kwargs = jax.tree.unflatten(treedef, public)
+        try:
+            dependent = placeholder_dependent_params(self.model, self.guide, treedef, public, self.static_kwargs,
+                                                     init_params)
+        except Exception as err:   # noqa: BLE001 - the check is a courtesy; the step reports real errors
+            explained = _validate.model_call_error(err, self.model, self.guide, len(args), kwargs,
+                                                   self.static_kwargs)
+            if explained is not None:
+                raise explained from err
+            return
+        names = [n for role in ("guide", "model") for n in dependent.get(role, [])]
+        if not names:
+            return
+        where = " and ".join(f"{sorted(dependent[r])} of the {r}" for r in ("guide", "model") if dependent.get(r))
+        example = ", ".join(f"{n!r}: ..." for n in names)
+        warnings.warn(
+            f"The initial value of the param site(s) {where} depends on the values of the data, but "
+            "DPSVI initialises from public information only: model and guide ran on placeholders "
+            "(ones shaped like the data), never on the private records, so these parameters start "
+            "from values computed from the placeholders. Pass public initial values instead: "
+            f"init_params={{{example}}}, or init_data=... (records you declare public, e.g. synthetic "
+            "ones) to init or run.",
+            UserWarning, stacklevel=4,
+        )
 
     def _check_state(self, svi_state):
         if not isinstance(svi_state, DPSVIState):
@@ -628,7 +742,8 @@ class DPSVI(SVI):
         args, kwargs = jax.tree.unflatten(treedef, public)
         rng_key, init_key = self.rng_suite.split(rng_key, 2)
         jax_init_key = self.rng_suite.convert_to_jax_rng_key(init_key)
-        with _BatchSubsample(), public_guide_setup(self.guide, ignore_likelihood=not real_values):
+        with _BatchSubsample(), public_guide_setup(self.guide, ignore_likelihood=not real_values), \
+                self._model_errors_explained(args, kwargs):
             try:
                 state = super().init(jax_init_key, *args, init_params=init_params, **kwargs)
             except (ValueError, RuntimeError) as err:
@@ -640,6 +755,8 @@ class DPSVI(SVI):
                     "Pass public values: init_params={...} for the parameters, or init_data=... "
                     "(records you declare public, e.g. synthetic ones) to init or run."
                 ) from err
+            if not real_values:
+                self._warn_if_placeholder_dependent(public, treedef, init_params)
         if state.mutable_state is not None:
             raise ValueError(
                 f"The model or guide has mutable state ({sorted(state.mutable_state)}). DP-VI "
@@ -647,8 +764,9 @@ class DPSVI(SVI):
                 "leak it without any privacy guarantee."
             )
         # the model's structure and its public scale, now, for a clear early error
-        scale = self._observation_scale(self.optim.get_params(state.optim_state), treedef, public)
-        state = DPSVIState(state.optim_state, None, rng_key, _batch_scale(scale, size))
+        with self._model_errors_explained(args, kwargs):
+            scale = self._observation_scale(self.optim.get_params(state.optim_state), treedef, public)
+        state = DPSVIState(state.optim_state, None, rng_key, _state_scale(scale))
         # with a mesh: replicated on its devices, the same in every process
         return _sharding.replicate(state, mesh)
 
@@ -678,6 +796,7 @@ class DPSVI(SVI):
             expected_batch_size = B
         else:
             expected_batch_size = _public_number(_validate.positive, "expected_batch_size", expected_batch_size)
+        self._warn_if_all_noise(expected_batch_size, stacklevel=5)   # the caller of update
 
         jax_key = self.rng_suite.convert_to_jax_rng_key(grad_key)
         # the Monte Carlo keys of the records: as jax.random.split(jax_key, B),
@@ -689,19 +808,20 @@ class DPSVI(SVI):
             key_impl = jax.random.key_impl(record_keys)
             record_keys = jax.random.key_data(record_keys)
         params = self.optim.get_params(svi_state.optim_state)
-        # a public constant (None without clip_unscaled_observations): see _observation_scale
-        scale = self._observation_scale(params, treedef, records)
-        loss_fn = self._record_loss_fn(treedef, scale, key_impl)
-        result, noisy_sum = self._private_sum(loss_fn, params, (record_keys, list(records)), mask,
-                                              forward_mode, noise_key)
+        with self._model_errors_explained(args, kwargs):
+            # a public constant (None without clip_unscaled_observations): see _observation_scale
+            scale = self._observation_scale(params, treedef, records)
+            loss_fn = self._record_loss_fn(treedef, scale, key_impl)
+            result, noisy_sum = self._private_sum(loss_fn, params, (record_keys, list(records)), mask,
+                                                  forward_mode, noise_key)
         # the public normalisation: N / B when the per-record losses were divided
         # by the observation scale (N, the scale of a batch of one), else 1 / B
         factor = (1.0 if scale is None else scale) / expected_batch_size
         grad = jax.tree.map(lambda g: g * jnp.asarray(factor, g.dtype), noisy_sum)
         loss = jnp.sum(result.losses) * factor
         observation_scale = svi_state.observation_scale
-        if observation_scale is not None and B > 0:
-            observation_scale = _batch_scale(scale, B)
+        if observation_scale is not None:
+            observation_scale = _state_scale(scale)
         return DPSVIState(svi_state.optim_state, None, rng_key, observation_scale), grad, loss
 
     def discrete_plan(self, params) -> "discrete.DiscretePlan":
@@ -845,7 +965,8 @@ class DPSVI(SVI):
                                   self.guide, *args, **kwargs, **self.static_kwargs)
 
         # with a mesh, JAX partitions the loss over the records' shards
-        return _sharding.partitioned(self._batch_layout(), loss, records)
+        with self._model_errors_explained(args, kwargs):
+            return _sharding.partitioned(self._batch_layout(), loss, records)
 
     @staticmethod
     def perturbation_function(rng_suite, rng, values, perturbation_scale):
@@ -896,10 +1017,13 @@ class DPSVI(SVI):
             (:func:`d3p.minibatch.poisson_batchify_data`) or ``"fixed_size"``
             (:func:`d3p.minibatch.subsample_batchify_data`). With neither
             ``sampler`` nor ``relation`` given, fixed-size batches under the
-            substitute relation are assumed (d3p 0.2's meaning, and the most
-            conservative of the supported accountings); otherwise resolved by
+            substitute relation are assumed (the most conservative of the
+            supported accountings; d3p 0.2 instead composed the Poisson
+            add/remove bound whatever drew the batches, which is valid for
+            Poisson batches only); otherwise resolved by
             :func:`d3p.accounting.accounting_for`. Poisson-sampled runs pass
-            ``sampler="poisson"`` (add/remove) for their smaller ε.
+            ``sampler="poisson"`` (add/remove) for their smaller ε, which is
+            d3p 0.2's figure.
         """
         return self._account("epsilon", target_delta, q, num_epochs, num_iter, relation, accountant, sampler)
 
@@ -949,6 +1073,13 @@ class DPSVI(SVI):
         for the sampler actually used (no other accounting can be chosen
         here), shown in the progress bar (an upper bound, updated along the
         way) and attached to the result.
+
+        From public facts only: a ``ValueError`` if the model's subsampling
+        plate declares an ``N`` other than the number of rows given; a
+        ``UserWarning`` if ``dp_scale`` is at least the expected batch size
+        ``B`` (the noise in each step's averaged gradient, ``sigma C / B`` per
+        coordinate, is then at least ``C``, the largest norm the average of
+        the clipped gradients can have), and if ``target_delta >= 1 / N``.
 
         :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey()``).
         :param int num_steps: number of steps, ``>= 1``.
@@ -1005,6 +1136,7 @@ class DPSVI(SVI):
         elif init_data is not None:
             raise ValueError("Expected init_data only without init_state: the state is already initialised.")
         self._check_state(svi_state)
+        self._check_records_plate(svi_state, treedef, records, N)
         _sharding.check_same_in_every_process("init_state", svi_state.rng_key)
         (svi_state,) = self._replicated(svi_state)
 
@@ -1046,6 +1178,9 @@ class DPSVI(SVI):
         if target_delta is None:
             target_delta = 1.0 / N**2
         tracker = acc.tracker(self.dp_scale, sampler.q, target_delta, num_steps=num_steps, accountant=accountant)
+        # public facts only: σ, C, the expected batch size, N and δ
+        self._warn_if_all_noise(sampler.expected_batch_size, stacklevel=4)   # the caller of run
+        _validate.warn_if_large_delta("target_delta", target_delta, N, stacklevel=4)
         return _RunPlan(sampler, acc, tracker, target_delta)
 
     def _run_result(self, svi_state, losses, plan, N, num_steps) -> DPSVIRunResult:
@@ -1068,8 +1203,9 @@ _SAMPLINGS = ("poisson", "fixed")
 
 def _method_accounting(sampler, relation, noise="gaussian"):
     """The accounting of :meth:`DPSVI.get_epsilon`/:meth:`DPSVI.get_delta`:
-    with neither argument, fixed-size batches under substitute (d3p 0.2's
-    meaning, and the most conservative accounting)."""
+    with neither argument, fixed-size batches under substitute (the most
+    conservative accounting; d3p 0.2 composed the Poisson add/remove bound
+    here, see docs/migration.md)."""
     if sampler is None and relation is None:
         sampler = "fixed_size"
     return accounting.accounting_for(sampler, relation, noise)

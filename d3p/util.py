@@ -1,21 +1,24 @@
 """Small array helpers: type predicates, shape normalisation, per-column maps,
 and sampling rows of an array.
 
-**Shapes of values with extra leading dimensions.** Models and guides are
-sometimes called with values that have more leading dimensions than the code
-expects (e.g. under ``vmap`` of a sampler, or with a sample shape) or fewer (a
-single record). ``unvectorize_shape_Kd(x)`` gives the shape of ``x`` with
-exactly ``K`` dimensions: surplus leading dimensions are merged into the first
-one, missing ones are added in front with size 1; the trailing ``K - 1``
-dimensions are never changed. ``unvectorize_Kd(x)`` returns ``x`` reshaped to
-that shape.
+**Arrays and scalars** follow d3p 0.2: :func:`is_array` is true for arrays
+with at least one dimension; a single number, including a 0-d or a
+one-element array, is a scalar (:func:`is_scalar`).
+
+**Shapes of values with leading dimensions stripped.** A model or guide
+written for a batch of records, shape ``(N, *record)``, is sometimes called
+with one record whose leading dimension is missing (e.g. ``x[0]`` of shape
+``record``). ``unvectorize_shape_Kd(x)`` gives the shape of ``x`` with at
+least ``K`` dimensions: missing leading dimensions are added with size 1; a
+value with ``K`` or more dimensions keeps its shape (as in d3p 0.2).
+``unvectorize_Kd(x)`` returns ``x`` reshaped to that shape.
 
 >>> import jax.numpy as jnp
->>> unvectorize_shape_2d(jnp.zeros((4, 5, 3)))
-(20, 3)
 >>> N, D = unvectorize_shape_2d(jnp.zeros(3))
 >>> N, D
 (1, 3)
+>>> unvectorize_shape_2d(jnp.zeros((4, 3))), unvectorize_shape(jnp.zeros((3, 2)), 1)
+((4, 3), (3, 2))
 >>> unvectorize_2d(jnp.zeros(3)).shape
 (1, 3)
 """
@@ -54,33 +57,62 @@ __all__ = [
 # ----------------------------------------------------------------- predicates
 
 
-def is_array(x) -> bool:
-    """Whether ``x`` is an array: a JAX array (also a traced one) or a NumPy
-    ``ndarray``, of any number of dimensions (0-d included).
+def _is_array_type(x) -> bool:
+    """Whether ``x`` is a JAX array (also a traced one) or a NumPy ``ndarray``,
+    of any number of dimensions (0-d included)."""
+    return isinstance(x, (jax.Array, np.ndarray))
 
-    Python numbers, NumPy scalars (``np.float32(1.0)``) and lists are not arrays.
+
+def _is_numeric_dtype(dtype) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_))
+
+
+def _is_single_int(x) -> bool:
+    """Whether ``x`` is one integer that is not an array of one or more
+    dimensions: a Python ``int`` (not ``bool``), a NumPy integer scalar or a
+    0-d integer array. (The argument checks here use it: an index or a count
+    given as ``[3]`` is a mistake even though d3p 0.2's :func:`is_int_scalar`
+    accepts it.)"""
+    if isinstance(x, (bool, np.bool_)):
+        return False
+    if isinstance(x, numbers.Integral):
+        return True
+    if isinstance(x, np.generic) or (_is_array_type(x) and x.ndim == 0):
+        return bool(jnp.issubdtype(x.dtype, jnp.integer))
+    return False
+
+
+def is_array(x) -> bool:
+    """Whether ``x`` is an array with at least one dimension: a JAX array (also
+    a traced one) or a NumPy ``ndarray`` with ``ndim >= 1``.
+
+    As in d3p 0.2, a 0-d array is not an array here: it holds a single number
+    (:func:`is_scalar`). Python numbers, NumPy scalars (``np.float32(1.0)``)
+    and lists are not arrays.
 
     >>> import numpy as np, jax.numpy as jnp
-    >>> is_array(jnp.zeros(3)), is_array(np.array(1.0)), is_array(1.0), is_array([1, 2])
+    >>> is_array(jnp.zeros(3)), is_array(jnp.zeros(1)), is_array(np.array(1.0)), is_array(1.0)
     (True, True, False, False)
     """
-    return isinstance(x, (jax.Array, np.ndarray))
+    return _is_array_type(x) and x.ndim > 0
 
 
 def is_scalar(x) -> bool:
     """Whether ``x`` is a single number: a Python number (``bool``, ``int``,
-    ``float``, ``complex``), a NumPy scalar of numeric or boolean type, or a
-    0-dimensional array.
+    ``float``, ``complex``), a NumPy scalar of numeric or boolean type, or an
+    array (JAX or NumPy, of numeric or boolean dtype) with exactly one
+    element, whatever its number of dimensions (d3p 0.2's meaning: ``[2.0]``
+    and ``[[2.0]]`` are scalars).
 
     >>> import jax.numpy as jnp
-    >>> is_scalar(2), is_scalar(jnp.array(2.0)), is_scalar(jnp.zeros(1)), is_scalar("2")
-    (True, True, False, False)
+    >>> is_scalar(2), is_scalar(jnp.array(2.0)), is_scalar(jnp.zeros(1)), is_scalar(jnp.zeros(2)), is_scalar("2")
+    (True, True, True, False, False)
     """
     if isinstance(x, numbers.Number):
         return True
-    if isinstance(x, np.generic):
-        return np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.bool_)
-    return is_array(x) and x.ndim == 0
+    if isinstance(x, np.generic) or _is_array_type(x):
+        return _is_numeric_dtype(x.dtype) and x.size == 1
+    return False
 
 
 def is_integer(x) -> bool:
@@ -98,16 +130,17 @@ def is_integer(x) -> bool:
         return False
     if isinstance(x, numbers.Integral):
         return True
-    if isinstance(x, np.generic) or is_array(x):
+    if isinstance(x, np.generic) or _is_array_type(x):
         return bool(jnp.issubdtype(x.dtype, jnp.integer))
     return False
 
 
 def is_int_scalar(x) -> bool:
-    """Whether ``x`` is a single integer: :func:`is_scalar` and :func:`is_integer`.
+    """Whether ``x`` is a single integer: :func:`is_scalar` and :func:`is_integer`
+    (so a one-element integer array is one, as in d3p 0.2).
 
     >>> import jax.numpy as jnp
-    >>> is_int_scalar(3), is_int_scalar(jnp.array(3)), is_int_scalar(jnp.arange(3)), is_int_scalar(True)
+    >>> is_int_scalar(3), is_int_scalar(jnp.array([3])), is_int_scalar(jnp.arange(3)), is_int_scalar(True)
     (True, True, False, False)
     """
     return is_scalar(x) and is_integer(x)
@@ -247,11 +280,11 @@ def sample_from_array(
     x = jnp.asarray(x)
     if x.ndim == 0:
         raise ValueError(f"Expected x with at least one dimension, got a scalar x={x!r}.")
-    if not is_int_scalar(axis) or not -x.ndim <= int(axis) < x.ndim:
+    if not _is_single_int(axis) or not -x.ndim <= int(axis) < x.ndim:
         raise ValueError(f"Expected axis to be an integer in [{-x.ndim}, {x.ndim}), got axis={axis!r}.")
     axis = int(axis) % x.ndim
     size = x.shape[axis]
-    if not is_int_scalar(n) or is_array(n) or not 0 <= int(n) <= size:
+    if not _is_single_int(n) or _is_array_type(n) or not 0 <= int(n) <= size:
         raise ValueError(f"Expected n to be an integer in [0, {size}] (x.shape[{axis}]), got n={n!r}.")
     n = int(n)
 
@@ -272,84 +305,84 @@ def _check_d(d) -> int:
 
 
 def unvectorize_shape(a: jax.typing.ArrayLike, d: int) -> Tuple[int, ...]:
-    """The shape of ``a`` made ``d``-dimensional (see the module docstring).
+    """The shape of ``a`` with at least ``d`` dimensions, as in d3p 0.2 (see
+    the module docstring): undoes the stripping of leading dimensions.
 
-    Surplus leading dimensions are merged into the first; missing ones are
-    added in front with size 1; the trailing ``d - 1`` dimensions are kept.
+    If ``a`` has fewer than ``d`` dimensions, leading dimensions of size 1 are
+    added in front; otherwise the shape of ``a`` is returned unchanged (no
+    dimensions are merged or dropped).
 
     :param a: an array (or anything ``numpy.shape`` accepts).
-    :param int d: the number of dimensions wanted, ``d >= 1``.
-    :return: a tuple of ``d`` Python ints.
+    :param int d: the number of dimensions wanted at least, ``d >= 1``.
+    :return: a tuple of ``max(d, a.ndim)`` Python ints.
 
     >>> import jax.numpy as jnp
-    >>> unvectorize_shape(jnp.zeros((2, 3, 4, 5)), 3), unvectorize_shape(jnp.zeros((4, 5)), 3)
-    ((6, 4, 5), (1, 4, 5))
+    >>> unvectorize_shape(jnp.zeros((4, 5)), 3), unvectorize_shape(jnp.zeros((3, 2)), 1)
+    ((1, 4, 5), (3, 2))
     """
     d = _check_d(d)
     shape = tuple(int(s) for s in np.shape(a))
-    if len(shape) < d:
-        return (1,) * (d - len(shape)) + shape
-    lead = int(np.prod(shape[: len(shape) - d + 1], dtype=np.int64))
-    return (lead,) + shape[len(shape) - d + 1 :]
+    return (1,) * max(0, d - len(shape)) + shape
 
 
-def unvectorize_shape_1d(a: jax.typing.ArrayLike) -> Tuple[int]:
-    """The shape of ``a`` as one dimension: ``(a.size,)``.
+def unvectorize_shape_1d(a: jax.typing.ArrayLike) -> Tuple[int, ...]:
+    """:func:`unvectorize_shape` ``(a, 1)``: ``(1,)`` for a scalar, else the shape of ``a``.
 
     >>> import jax.numpy as jnp
-    >>> unvectorize_shape_1d(jnp.zeros((2, 3))), unvectorize_shape_1d(2.0)
-    ((6,), (1,))
+    >>> unvectorize_shape_1d(2.0), unvectorize_shape_1d(jnp.zeros(3)), unvectorize_shape_1d(jnp.zeros((2, 3)))
+    ((1,), (3,), (2, 3))
     """
     return unvectorize_shape(a, 1)
 
 
-def unvectorize_shape_2d(a: jax.typing.ArrayLike) -> Tuple[int, int]:
-    """The shape of ``a`` as two dimensions ``(records, features)``.
+def unvectorize_shape_2d(a: jax.typing.ArrayLike) -> Tuple[int, ...]:
+    """:func:`unvectorize_shape` ``(a, 2)``: the shape ``(records, features)`` of
+    a batch, with one record of shape ``(features,)`` taken as a batch of one.
 
     >>> import jax.numpy as jnp
-    >>> unvectorize_shape_2d(jnp.zeros(3)), unvectorize_shape_2d(jnp.zeros((4, 5, 3)))
-    ((1, 3), (20, 3))
+    >>> unvectorize_shape_2d(jnp.zeros(3)), unvectorize_shape_2d(jnp.zeros((4, 3)))
+    ((1, 3), (4, 3))
     """
     return unvectorize_shape(a, 2)
 
 
-def unvectorize_shape_3d(a: jax.typing.ArrayLike) -> Tuple[int, int, int]:
-    """The shape of ``a`` as three dimensions.
+def unvectorize_shape_3d(a: jax.typing.ArrayLike) -> Tuple[int, ...]:
+    """:func:`unvectorize_shape` ``(a, 3)``.
 
     >>> import jax.numpy as jnp
     >>> unvectorize_shape_3d(jnp.zeros((4, 5))), unvectorize_shape_3d(jnp.zeros((2, 3, 4, 5)))
-    ((1, 4, 5), (6, 4, 5))
+    ((1, 4, 5), (2, 3, 4, 5))
     """
     return unvectorize_shape(a, 3)
 
 
 def unvectorize(a: jax.typing.ArrayLike, d: int) -> jax.Array:
-    """``a`` reshaped to :func:`unvectorize_shape` ``(a, d)``.
+    """``a`` reshaped to :func:`unvectorize_shape` ``(a, d)``: leading
+    dimensions of size 1 added up to ``d`` dimensions.
 
     :param a: an array; it is never modified (JAX copies only where needed).
-    :param int d: the number of dimensions wanted, ``d >= 1``.
-    :return: a JAX array with ``d`` dimensions and the elements of ``a`` in
-        their row-major order.
+    :param int d: the number of dimensions wanted at least, ``d >= 1``.
+    :return: a JAX array with ``max(d, a.ndim)`` dimensions and the elements
+        of ``a`` in their row-major order.
 
     >>> import jax.numpy as jnp
-    >>> unvectorize(jnp.arange(6).reshape(1, 2, 3), 2)
-    Array([[0, 1, 2],
-           [3, 4, 5]], dtype=int32)
+    >>> unvectorize(jnp.arange(3), 2)
+    Array([[0, 1, 2]], dtype=int32)
     """
     a = jnp.asarray(a)
     return a.reshape(unvectorize_shape(a, d))
 
 
 def unvectorize_1d(a: jax.typing.ArrayLike) -> jax.Array:
-    """``a`` as a 1-dimensional array (all dimensions merged)."""
+    """``a`` with at least one dimension (:func:`unvectorize` ``(a, 1)``)."""
     return unvectorize(a, 1)
 
 
 def unvectorize_2d(a: jax.typing.ArrayLike) -> jax.Array:
-    """``a`` as a 2-dimensional array ``(records, features)``."""
+    """``a`` with at least two dimensions ``(records, features)`` (:func:`unvectorize` ``(a, 2)``)."""
     return unvectorize(a, 2)
 
 
 def unvectorize_3d(a: jax.typing.ArrayLike) -> jax.Array:
-    """``a`` as a 3-dimensional array."""
+    """``a`` with at least three dimensions (:func:`unvectorize` ``(a, 3)``)."""
     return unvectorize(a, 3)

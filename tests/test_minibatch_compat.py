@@ -1,6 +1,6 @@
 """Tests of d3p.minibatch's d3p 0.2 interface: masks of full batches, ``q=`` for
 split batches, oversized Poisson batches (truncate or suppress), the
-max_batch_size quantile, and PRNG suites checked at the call."""
+max_batch_size quantile (d3p 0.2's value), and PRNG suites checked at the call."""
 
 import warnings
 
@@ -206,21 +206,33 @@ def test_bad_handle_oversized_batch_is_rejected(value, error):
 
 @pytest.mark.parametrize("n,q,quantile", [
     (100, 0.1, 0.9), (1000, 0.01, 0.99), (50, 0.3, 0.5), (10**6, 1e-4, 0.999), (137, 0.9, 0.75),
-    (30, 0.02, 0.5),  # P(K = 0) > 0.5: the quantile is 0, the size at least 1
-    (10, 1.0, 0.3),  # q = 1: every batch has all N records
+    (30, 0.02, 0.5),  # P(K = 0) > 0.5: the quantile is 0, the size 1
+    (10, 1.0, 0.3),  # q = 1: every batch has all N records, the size is N
+    (12, 0.9, 0.5),  # the quantile is N - 1 = 11: the size N
 ])
-def test_max_batch_size_quantile_is_the_binomial_quantile(n, q, quantile):
-    expected = max(1, int(stats.binom.ppf(quantile, n, q)))
+def test_max_batch_size_quantile_is_one_more_than_the_binomial_quantile(n, q, quantile):
+    """d3p 0.2's meaning of a float max_batch_size p: the smallest m with P(K < m) >= p."""
+    expected = min(n, int(stats.binom.ppf(quantile, n, q)) + 1)
     sampler = PoissonSampler(n, q, quantile)
     assert sampler.max_batch_size == expected and isinstance(sampler.max_batch_size, int)
     assert sampler == PoissonSampler(n, q, expected)
     m = sampler.max_batch_size
-    if m > 1:  # the smallest m with P(K <= m) >= quantile
-        assert stats.binom.cdf(m, n, q) >= quantile > stats.binom.cdf(m - 1, n, q)
+    if m < n:  # the smallest m with P(K <= m - 1) >= quantile
+        assert stats.binom.cdf(m - 1, n, q) >= quantile
+        assert m == 1 or quantile > stats.binom.cdf(m - 2, n, q)
+    assert sampler.overflow_probability <= 1 - quantile
     init, get_batch = poisson_batchify_data(np.zeros(n), q, max_batch_size=np.float64(quantile))
     assert get_batch.sampler.max_batch_size == expected
     (batch, mask) = get_batch(0, init(d3p.random.PRNGKey(0))[1])
     assert batch.shape == mask.shape == (expected,)
+
+
+def test_max_batch_size_quantile_keeps_d3p_02_value():
+    """Issue 29 (item 4): d3p 0.2 gave 39 where the 0.9-quantile of K is 38."""
+    assert stats.binom.ppf(0.9, 310, 0.1) == 38
+    init, get_batch = poisson_batchify_data(np.zeros(310), 0.1, max_batch_size=0.9)
+    assert get_batch.sampler.max_batch_size == 39
+    assert get_batch(0, init(d3p.random.PRNGKey(0))[1])[1].shape == (39,)
 
 
 def test_max_batch_size_quantile_matches_the_empirical_batch_sizes():
@@ -228,7 +240,7 @@ def test_max_batch_size_quantile_matches_the_empirical_batch_sizes():
     _, mask = draw_many(sampler, 4000, seed=7)
     kept = mask.any(axis=1).sum()  # K <= m (and K > 0), P(K = 0) = 3.5e-5
     assert _rate_matches(kept, stats.binom.cdf(sampler.max_batch_size, 200, 0.05), 4000)
-    assert stats.binom.cdf(sampler.max_batch_size, 200, 0.05) >= 0.8
+    assert stats.binom.cdf(sampler.max_batch_size - 1, 200, 0.05) >= 0.8
 
 
 def test_max_batch_size_integer_keeps_meaning_a_size():

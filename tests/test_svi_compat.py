@@ -699,10 +699,47 @@ def test_clip_gradient_compat():
     np.testing.assert_allclose(jax.jit(clip_gradient)(parts, 1.0)[1], [[0.8]], rtol=1e-5)
 
 
-@pytest.mark.parametrize("c", [0.0, -1.0, float("inf"), float("nan")])
+@pytest.mark.parametrize("c", [0.0, -1.0, float("-inf"), float("nan")])
 def test_clip_gradient_compat_refuses_bad_threshold(c):
-    with pytest.raises(ValueError, match=rf"Expected c to be a finite number > 0, got c={c}"):
+    with pytest.raises(ValueError, match=rf"Expected c to be a number > 0, got c={c}"):
         clip_gradient([jnp.ones(2)], c)
+
+
+def test_clip_gradient_compat_infinite_threshold_is_no_clipping():
+    """d3p 0.2 returned the gradient unchanged for c = inf (issue 29, item 4)."""
+    parts = [jnp.array([3e30, -4.0]), jnp.array([[jnp.nan]])]
+
+    def same(a, b):
+        return jax.tree.structure(a) == jax.tree.structure(b) and all(
+            np.array_equal(x, y, equal_nan=True) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+    assert same(clip_gradient(parts, float("inf")), parts)
+    assert same(clip_gradient(parts, np.inf, rescale_factor=2.0), [2 * p for p in parts])
+    # the same with a traced threshold (non-finite entries included)
+    assert same(jax.jit(clip_gradient)(parts, np.inf), parts)
+    assert type(clip_gradient(tuple(parts), np.inf)) is tuple
+
+
+def test_get_epsilon_default_and_d3p_02_figure():
+    """Issue 29, item 4 (docs/migration.md): d3p 0.2's get_epsilon composed the Poisson
+    add/remove bound (the Fourier accountant's get_epsilon_R: 2.92 at sigma 0.822, q 0.01,
+    1000 steps, delta 1e-5); with no sampler the call now assumes fixed-size batches under
+    substitute, whose dominating pair gives about 25.4. sampler="poisson" (or
+    relation="add_remove") gives 0.2's figure, valid for Poisson batches only."""
+    svi = DPSVI(normal_model, AutoDelta(normal_model), numpyro.optim.SGD(1e-3), Trace_ELBO(),
+                clipping_threshold=1.0, dp_scale=0.822, N=N)
+    default = svi.get_epsilon(1e-5, 0.01, 10)   # d3p 0.2's positional call: num_epochs = 10
+    assert default == pytest.approx(25.4, rel=0.01)
+    assert default == svi.get_epsilon(1e-5, 0.01, num_iter=1000, sampler="fixed_size")
+    for kwargs in (dict(sampler="poisson"), dict(relation="add_remove")):
+        assert svi.get_epsilon(1e-5, 0.01, 10, **kwargs) == pytest.approx(2.92, rel=0.01)
+
+
+def test_dpsvi_refuses_infinite_clipping_threshold_with_noise():
+    """An infinite threshold bounds nothing: a private DPSVI must refuse it."""
+    with pytest.raises(ValueError, match="Expected a finite clipping_threshold"):
+        DPSVI(normal_model, AutoDelta(normal_model), numpyro.optim.SGD(1e-3), Trace_ELBO(),
+              clipping_threshold=float("inf"), dp_scale=1.0, N=N)
 
 
 def test_normalize_gradient_compat():
@@ -832,23 +869,25 @@ def scaled():
 
 
 def test_state_observation_scale(scaled):
+    """observation_scale holds one record's likelihood scale, as d3p 0.2's state did
+    (issue 29, item 4): N times the model's constant scale factor, not N / B."""
     svi, state, update = scaled.svi, scaled.state, scaled.update
     assert state.observation_scale.shape == () and state.observation_scale.dtype == jnp.result_type(float)
-    assert float(state.observation_scale) == pytest.approx(0.5 * 100 / 10)
-    # the batch last used: 20 rows (half of them padding) give 0.5 * 100 / 20
+    assert float(state.observation_scale) == pytest.approx(0.5 * 100)
+    # numpyro's scale of a batch of ONE record is the same number
+    expected = get_observations_scale(_scaled_model, (_data()[:1], 100), {"weight": 0.5}, {})
+    assert float(state.observation_scale) == pytest.approx(expected)
+    # it does not depend on the length of the batch last used (20 rows, half of them padding)
     mask = jnp.arange(20) < 10
     state20, _ = update(state, _data()[:20], mask=mask, expected_batch_size=10)
-    assert float(state20.observation_scale) == pytest.approx(2.5)
+    assert float(state20.observation_scale) == pytest.approx(50.0)
     assert state20.observation_scale.dtype == jnp.result_type(float)
     # only shapes count, not values
     other, _ = update(state, _data(seed=1)[:20] * 100, mask=~mask, expected_batch_size=10)
     assert float(other.observation_scale) == float(state20.observation_scale)
-    # numpyro's scale of that batch is the same number
-    expected = get_observations_scale(_scaled_model, (_data()[:20], 100), {"weight": 0.5}, {})
-    assert float(state20.observation_scale) == pytest.approx(expected)
-    # a batch of zero rows has no scale: the previous value is kept
+    # a batch of zero rows has it too (found from the shape of one record)
     empty, _ = svi.update(state20, _data()[:0], expected_batch_size=10)
-    assert float(empty.observation_scale) == pytest.approx(2.5)
+    assert float(empty.observation_scale) == pytest.approx(50.0)
     # a state built from three fields keeps None, so its structure stays the same
     bare = DPSVIState(state.optim_state, None, state.rng_key)
     assert bare.observation_scale is None
@@ -875,7 +914,7 @@ def test_init_then_update_in_loops(scaled):
 
     final = loops(state)
     assert jax.tree.structure(final) == jax.tree.structure(state)
-    assert float(final.observation_scale) == pytest.approx(5.0) and _all_finite(final)
+    assert float(final.observation_scale) == pytest.approx(50.0) and _all_finite(final)
 
 
 X64_LOOP_SCRIPT = """
@@ -899,7 +938,7 @@ assert state.observation_scale.dtype == jnp.float64, state.observation_scale.dty
 final = jax.jit(lambda s: lax.fori_loop(0, 3, lambda i, s: svi.update(s, batch)[0], s))(state)
 final = lax.while_loop(lambda c: c[1] < 2, lambda c: (svi.stable_update(c[0], batch)[0], c[1] + 1),
                        (final, 0))[0]
-assert final.observation_scale.dtype == jnp.float64 and float(final.observation_scale) == 10.0
+assert final.observation_scale.dtype == jnp.float64 and float(final.observation_scale) == 100.0
 assert jax.tree.structure(final) == jax.tree.structure(state)
 assert svi.get_params(final)["auto_loc"].dtype == jnp.float64
 print("ok")

@@ -136,7 +136,8 @@ def test_autoguide_list_parts_are_set_up_on_placeholders():
 def test_a_guide_that_reads_the_data_gets_placeholders_or_the_public_init_data():
     xs, ys = _data()
     svi = _svi(guide=mean_guide)
-    state = svi.init(d3p.random.PRNGKey(0), xs[:16] + 5.0, ys[:16])
+    with pytest.warns(UserWarning, match=r"param site\(s\) \['loc'\] of the guide depends on the values of the data"):
+        state = svi.init(d3p.random.PRNGKey(0), xs[:16] + 5.0, ys[:16])
     assert np.array_equal(svi.get_params(state)["loc"], np.ones(3, np.float32))   # the mean of the placeholders
     public = np.full((4, 3), 2.0, np.float32)
     state = svi.init(d3p.random.PRNGKey(0), xs[:16], ys[:16], init_data=(public, np.ones(4, np.float32)))

@@ -1,6 +1,6 @@
 """d3p.util: the type predicates, example_count, map_over_secondary_dims,
 normalize and sample_from_array. (The unvectorize helpers are tested in
-test_modelling_util.py.)"""
+test_modelling_util.py; their d3p 0.2 values also here.)"""
 
 import collections
 
@@ -21,9 +21,14 @@ from d3p.util import (
     map_over_secondary_dims,
     normalize,
     sample_from_array,
+    unvectorize_shape,
+    unvectorize_shape_1d,
+    unvectorize_shape_2d,
+    unvectorize_shape_3d,
 )
 
-# value, is_array, is_scalar, is_integer, has_shape
+# value, is_array, is_scalar, is_integer, has_shape (d3p 0.2's meanings: an array
+# has at least one dimension; a 0-d or one-element array is a scalar)
 CASES = [
     (1, False, True, True, False),
     (1.5, False, True, False, False),
@@ -31,15 +36,22 @@ CASES = [
     (1 + 2j, False, True, False, False),
     (np.int32(3), False, True, True, True),
     (np.float64(3.0), False, True, False, True),
-    (np.array(2), True, True, True, True),
-    (np.array(2.0), True, True, False, True),
+    (np.array(2), False, True, True, True),
+    (np.array(2.0), False, True, False, True),
     (np.arange(3), True, False, True, True),
     (np.zeros((2, 2)), True, False, False, True),
-    (np.array([True]), True, False, False, True),
-    (jnp.array(2), True, True, True, True),
-    (jnp.array(2.0), True, True, False, True),
+    (np.array([True]), True, True, False, True),
+    (np.array([3]), True, True, True, True),
+    (np.array(["a"]), True, False, False, True),
+    (jnp.array(2), False, True, True, True),
+    (jnp.array(2.0), False, True, False, True),
+    (jnp.zeros(1), True, True, False, True),
+    (jnp.zeros((1, 1)), True, True, False, True),
+    (jnp.arange(1, dtype=jnp.uint8), True, True, True, True),
     (jnp.arange(3, dtype=jnp.uint8), True, False, True, True),
     (jnp.ones(3), True, False, False, True),
+    (jnp.zeros(0), True, False, False, True),
+    (jax.random.key(0), False, False, False, True),  # a typed key is not a number
     ([1, 2], False, False, False, False),
     ("1", False, False, False, False),
     (None, False, False, False, False),
@@ -64,6 +76,18 @@ def test_predicates_on_traced_values():
 
     jax.jit(f)(jnp.ones(3), jnp.array(2))
     assert seen["array"] == (True, False, False, True, True)
+    jax.jit(f)(jnp.ones(()), jnp.array([2]))
+    assert seen["array"] == (False, True, False, True, True)
+
+
+def test_predicates_and_unvectorize_shape_keep_d3p_02_values():
+    """Issue 29 (item 4): the values d3p 0.2 gave, which programs and twinify rely on."""
+    assert is_scalar(jnp.zeros(1)) and is_scalar(np.ones((1, 1))) and is_int_scalar(jnp.array([3]))
+    assert not is_array(jnp.array(1.0)) and not is_array(np.array(2)) and is_array(jnp.zeros(1))
+    assert unvectorize_shape(jnp.zeros((3, 2)), 1) == (3, 2)
+    assert unvectorize_shape_1d(jnp.zeros((3, 2))) == (3, 2) and unvectorize_shape_1d(2.0) == (1,)
+    assert unvectorize_shape_2d(jnp.zeros(3)) == (1, 3) and unvectorize_shape_2d(jnp.zeros((4, 5, 3))) == (4, 5, 3)
+    assert unvectorize_shape_3d(np.zeros((4, 5))) == (1, 4, 5)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +182,11 @@ def test_sample_from_array_is_uniform():
     (dict(x=jnp.arange(5), n=6), "n"),
     (dict(x=jnp.arange(5), n=-1), "n"),
     (dict(x=jnp.arange(5), n=2.0), "n"),
+    (dict(x=jnp.arange(5), n=jnp.array(2)), "n"),  # a count is a Python or NumPy integer
+    (dict(x=jnp.arange(5), n=[2]), "n"),
+    (dict(x=jnp.arange(5), n=np.array([2])), "n"),  # though is_int_scalar accepts it (d3p 0.2)
     (dict(x=jnp.arange(5), n=2, axis=1), "axis"),
+    (dict(x=jnp.arange(5), n=2, axis=jnp.array([0])), "axis"),
     (dict(x=jnp.array(1.0), n=1), "x"),
 ])
 def test_sample_from_array_errors(kwargs, match):
