@@ -1,9 +1,47 @@
 """Shared test set-up."""
 
 import gc
+import pathlib
 
 import jax
 import pytest
+
+#: The modules CI runs a second time under 64-bit JAX (``JAX_ENABLE_X64=1
+#: pytest -m x64``, the fourth step), each with the reason: d3p's code takes
+#: another path there, or twinify (which enables x64) depends on it. Every
+#: other module tests code whose behaviour does not depend on the flag (pure
+#: NumPy/SciPy accounting, argument checks, the command line, the docs) or
+#: whose dtype-dependent parts one of these modules covers.
+#: ``tests/test_x64.py`` checks this list against the tree and the CI command.
+X64_MODULES = {
+    "test_sum_sensitivity.py": "the certified sum's margin eta is 2**-30 when every dtype is float64 and 2**-7 "
+                               "otherwise; the greedy neighbour search checks the bound at the float64 margin",
+    "test_clipping_bound.py": "per-record clipping to C(1 - eta) and its certified norm bound at the float64 margin",
+    "test_gradients.py": "clipping, norms and noise primitives with float64 gradients (noise dtype follows "
+                         "the parameters)",
+    "test_sharding.py": "the cross-device double-float sum and its budget at the float64 margin (the "
+                        "multi-device subprocess inherits JAX_ENABLE_X64)",
+    "test_svi_privacy.py": "a whole DP step (clip, sum, noise) with float64 parameters: released values and "
+                           "their sensitivity",
+    "test_neighbours.py": "neighbouring runs compared end to end under x64, as twinify runs d3p",
+    "test_svi_init_public.py": "initialisation placeholders take the batch's dtypes, float64 and int64 under x64",
+    "test_random.py": "uniform and normal default to float64 under x64, drawn from 64-bit words",
+    "test_random_threefry.py": "the conversion of ChaCha20 keys to JAX keys and 64-bit key data",
+    "test_minibatch_bounds.py": "sampler indices and counts are int64 under x64 (index arithmetic near the "
+                                "32-bit limits)",
+    "test_discrete_mechanism.py": "discrete Gaussian noise and integer sums use int64 under x64",
+    "test_svi_discrete.py": "DPSVI with the discrete mechanism: int64 quantised sums under x64",
+    "test_twin_dtype.py": "the synthetic table's dtypes under x64 (twinify's setting)",
+    "test_twin_marginal_rounding.py": "exact int64 counts and float64 noise of the marginal twin, with x64 on",
+    "test_twinify_calls.py": "twinify's calls into d3p, which twinify makes with x64 on",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests of :data:`X64_MODULES` ``x64``."""
+    for item in items:
+        if pathlib.Path(str(item.fspath)).name in X64_MODULES:
+            item.add_marker(pytest.mark.x64)
 
 
 @pytest.fixture(autouse=True)

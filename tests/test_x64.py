@@ -42,3 +42,30 @@ def test_samplers_and_run_under_x64():
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_the_x64_step_runs_the_listed_modules_for_their_reasons():
+    """CI's fourth step runs, under 64-bit JAX, exactly the modules that
+    ``tests/conftest.py`` lists as changing behaviour with the flag, each with
+    a reason; the README's test command and .ci/run select them by marker."""
+    import pathlib
+    import re
+
+    from conftest import X64_MODULES
+
+    tests = pathlib.Path(__file__).resolve().parent
+    for name, reason in X64_MODULES.items():
+        assert (tests / name).is_file(), name
+        assert len(reason.split()) >= 8, f"{name}: say why x64 changes what it tests"
+    # the modules that force x64 themselves (subprocesses, jax.enable_x64) need not be listed;
+    # a module that checks float64 results of d3p's dtype-dependent code should be
+    for path in tests.glob("test_*.py"):
+        if path.name == "test_x64.py":
+            continue
+        text = path.read_text()
+        if re.search(r"_sum_margin|2 \*\* -30|2\*\*-30", text):
+            assert path.name in X64_MODULES, f"{path.name} tests the float64 margin: list it in X64_MODULES"
+    readme = (tests.parent / "README.md").read_text()
+    ci = (tests.parent / ".ci" / "run").read_text()
+    step = "JAX_ENABLE_X64=1 .venv/bin/python -m pytest -m \"x64 and not slow and not examples\""
+    assert step in readme and step in ci
