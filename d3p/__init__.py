@@ -20,6 +20,7 @@ _SUBMODULES = (
     "dputil",
     "gmm",
     "gradients",
+    "ledger",
     "minibatch",
     "modelling",
     "optimizers",

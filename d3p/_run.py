@@ -16,12 +16,14 @@ from d3p import minibatch
 class _RunPlan(NamedTuple):
     """What :meth:`DPSVI.run` samples with and accounts for: the sampler, its
     accounting (:func:`d3p.accounting.accounting_for`), the ε tracker of the
-    run and the target δ."""
+    run, the target δ and the noise multiplier σ (``dp_scale``, or calibrated
+    for ``run(epsilon=...)``)."""
 
     sampler: Any
     accounting: Any
     tracker: Any
     target_delta: float
+    sigma: float = None
 
 
 def _batch_gatherer(sampler, rng_suite, treedef):
@@ -98,20 +100,21 @@ def _require_batches(ok, sampler, values):
     return minibatch._require(ok, values, minibatch._failure_message(repr(sampler)))
 
 
-def _run_with_progress_bar(run_chunk, svi_state, records, num_steps, plan):
+def _run_with_progress_bar(run_chunk, svi_state, records, num_steps, plan, start=0):
     """All steps of :meth:`DPSVI.run` with a tqdm bar showing the loss and ε.
 
     Steps run in compiled chunks of about 5% of the run (``lax.scan``, as
     without the bar; at most two chunk lengths are compiled), the bar
     advancing after each: one Python dispatch per step would cost more than a
-    small model's step.
+    small model's step. Step ``i`` of the run has index ``start + i`` in the
+    stream of batch keys.
     """
     chunk = min(max(-(-num_steps // 20), 1), _MAX_BAR_CHUNK)
     losses, done = [], 0
     with tqdm.tqdm(total=num_steps) as bar:
         while done < num_steps:
             length = min(chunk, num_steps - done)
-            svi_state, chunk_losses = run_chunk(svi_state, jnp.uint32(done), records, length)
+            svi_state, chunk_losses = run_chunk(svi_state, jnp.uint32(start + done), records, length)
             losses.append(chunk_losses)
             done += length
             recent = np.asarray(jax.device_get(chunk_losses))

@@ -76,9 +76,9 @@ import math
 import numbers
 from typing import Iterable, NamedTuple, Optional, Sequence, Union
 
-from d3p import _validate
+from d3p import _sampling, _validate
 from d3p._accounting import _discrete, _engine, _zcdp
-from d3p._accounting._names import Relation, Sampler
+from d3p._sampling import Relation, Sampler
 
 __all__ = [
     "ADD_REMOVE",
@@ -272,14 +272,6 @@ class SamplerAccounting(NamedTuple):
         return EpsilonTracker(sigma, q, delta, relation=self.relation, sampler=self.sampler, noise=self.noise,
                               **kwargs)
 
-    def calibrate(self, target_eps: float, delta: float, q: float, num_steps: int, **kwargs):
-        """:func:`d3p.dputil.calibrate_sigma` for this sampler and relation:
-        ``(sigma, eps, num_evals)``."""
-        from d3p import dputil
-
-        return dputil.calibrate_sigma(target_eps, delta, q, num_steps, sampler=self.sampler,
-                                      relation=self.relation, noise=self.noise, **kwargs)
-
     def overflow_delta(self, num_records: int, q: float, max_batch_size: int,
                        num_steps: int, epsilon: float) -> float:
         """What a sampler's deviation from its accounted distribution adds to
@@ -290,9 +282,7 @@ class SamplerAccounting(NamedTuple):
         guarantee to add to)."""
         if self.sampler != Sampler.POISSON or not math.isfinite(epsilon):
             return 0.0
-        from d3p import minibatch
-
-        return minibatch.poisson_overflow_delta(num_records, q, max_batch_size, num_steps, epsilon)
+        return _sampling.overflow_delta(num_records, q, max_batch_size, num_steps, epsilon)
 
 
 def accounting_for(sampler: Optional[str] = None, relation: Optional[str] = None,

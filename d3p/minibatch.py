@@ -86,7 +86,7 @@ from jax.experimental import io_callback
 
 import d3p.random
 from d3p import _validate
-from d3p import accounting as _accounting
+from d3p import _sampling
 from d3p.random._common import mulhi_u32
 
 __all__ = [
@@ -114,10 +114,10 @@ __all__ = [
 #: Neighbouring relation "replace one record by another" (data sets of equal
 #: size N). Fixed-size sampling without replacement is analysed under it.
 #: The same object as :data:`d3p.accounting.SUBSTITUTE`.
-SUBSTITUTE = _accounting.SUBSTITUTE
+SUBSTITUTE = _sampling.Relation.SUBSTITUTE
 #: Neighbouring relation "add or remove one record". Poisson sampling is
 #: analysed under it. The same object as :data:`d3p.accounting.ADD_REMOVE`.
-ADD_REMOVE = _accounting.ADD_REMOVE
+ADD_REMOVE = _sampling.Relation.ADD_REMOVE
 
 #: Default bound on the per-step probability that a Poisson batch has more
 #: records than ``max_batch_size`` (see :func:`poisson_max_batch_size`).
@@ -437,14 +437,10 @@ def poisson_overflow_probability(num_records: int, q: float, max_batch_size: int
         ``max_batch_size >= N``). The sampler realises this probability up
         to about ``2**-64`` (see :class:`PoissonSampler`).
     """
-    from scipy.stats import binom
-
     num_records = _num_records(num_records)
     q = _validate.probability("q", q)
     max_batch_size = _validate.integer("max_batch_size", max_batch_size, minimum=0)
-    if max_batch_size >= num_records:
-        return 0.0
-    return float(binom.sf(max_batch_size, num_records, q))
+    return _sampling.overflow_probability(num_records, q, max_batch_size)
 
 
 def poisson_max_batch_size(
@@ -500,8 +496,12 @@ def poisson_overflow_delta(
         overflow probability taken for ``N + 1`` records (the larger of the two
         neighbours under add/remove). Add it to δ; see :class:`PoissonSampler`.
     """
-    p = poisson_overflow_probability(num_records + 1, q, max_batch_size)
-    return float(min(1.0, (1.0 + math.exp(epsilon)) * int(num_steps) * p))
+    num_records = _num_records(num_records)
+    q = _validate.probability("q", q)
+    max_batch_size = _validate.integer("max_batch_size", max_batch_size, minimum=0)
+    num_steps = _validate.integer("num_steps", num_steps, minimum=0)
+    epsilon = _validate.non_negative("epsilon", epsilon, finite=False)
+    return _sampling.overflow_delta(num_records, q, max_batch_size, num_steps, epsilon)
 
 
 @lru_cache(maxsize=64)

@@ -27,7 +27,9 @@ from numpyro.primitives import Messenger
 from numpyro.optim import Minimize
 
 import d3p.random
-from d3p import _sharding, _validate, accounting, discrete, gradients
+from d3p import _sampling, _sharding, _validate, accounting, discrete, gradients
+from d3p._checkpoint import Checkpoint
+from d3p.ledger import GaussianSteps, PrivacyLedger, key_fingerprint
 from d3p.gradients import add_gaussian_noise, clipped_grad_sum
 from d3p.random import _threefry
 
@@ -47,6 +49,9 @@ __all__ = [
     "DPSVI",
     "DPSVIState",
     "DPSVIRunResult",
+    "Checkpoint",
+    "save_checkpoint",
+    "load_checkpoint",
     "full_norm",
     "clip_gradient",
     "normalize_gradient",
@@ -93,7 +98,7 @@ _PRIVACY_FIELD = functools.partial(dataclasses.field, default=None, kw_only=True
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["params", "state", "losses"],
-    meta_fields=["epsilon", "delta", "relation", "sampler", "sigma", "q", "num_steps"],
+    meta_fields=["epsilon", "delta", "relation", "sampler", "sigma", "q", "num_steps", "start_step"],
 )
 @dataclasses.dataclass(eq=False)
 class DPSVIRunResult:
@@ -118,7 +123,11 @@ class DPSVIRunResult:
     - **sampler** - ``"poisson"`` or ``"fixed_size"``.
     - **sigma** - the noise multiplier (``dp_scale``).
     - **q** - the sampling probability of each record per step.
-    - **num_steps** - the number of steps (ε covers these steps only).
+    - **num_steps** - the number of steps (ε covers these steps only; a
+      :class:`d3p.ledger.PrivacyLedger` given to ``run`` holds the total).
+    - **start_step** - the index of the run's first step in the stream of
+      batch keys (see ``run``'s ``start_step``); ``start_step + num_steps`` is
+      where a continued run starts.
     """
 
     params: Any
@@ -131,6 +140,7 @@ class DPSVIRunResult:
     sigma: Optional[float] = _PRIVACY_FIELD()
     q: Optional[float] = _PRIVACY_FIELD()
     num_steps: Optional[int] = _PRIVACY_FIELD()
+    start_step: Optional[int] = _PRIVACY_FIELD()
 
     def _triple(self) -> tuple:
         return (self.params, self.state, self.losses)
@@ -149,6 +159,11 @@ def _privacy_settings(clipping_threshold, dp_scale):
     """``(C, sigma)`` as floats: ``C > 0`` and ``sigma >= 0`` finite, except
     ``C = inf`` together with ``sigma = 0`` (no privacy, for testing)."""
     C = _validate.positive("clipping_threshold", clipping_threshold, finite=False)
+    if dp_scale is None:   # chosen by run(..., epsilon=...)
+        if math.isinf(C):
+            raise ValueError("Expected a finite clipping_threshold when dp_scale is left to run(epsilon=...), got "
+                             f"clipping_threshold={C}.")
+        return C, None
     s = _validate.non_negative("dp_scale", dp_scale)
     if math.isinf(C) and s != 0:
         raise ValueError(
@@ -348,7 +363,9 @@ class DPSVI(SVI):
     :param float clipping_threshold: ``C > 0``, finite; ``inf`` only together
         with ``dp_scale=0`` (no privacy, for testing).
     :param float dp_scale: the noise multiplier ``sigma >= 0``
-        (from :func:`d3p.dputil.approximate_sigma`).
+        (from :func:`d3p.dputil.approximate_sigma`); or None, and ask
+        :meth:`run` for an ε instead (``run(..., epsilon=...)`` calibrates σ
+        for the run's sampler, relation, noise and number of steps).
     :param rng_suite: the PRNG suite for noise and batch selection;
         :mod:`d3p.random` (ChaCha20) by default, :mod:`d3p.random.debug` for
         debugging. The records' Monte Carlo samples (their guide draws) come
@@ -424,7 +441,7 @@ class DPSVI(SVI):
         optim,
         per_example_loss,
         clipping_threshold: float,
-        dp_scale: float,
+        dp_scale: Optional[float] = None,
         rng_suite=d3p.random,
         clip_unscaled_observations: bool = True,
         gradient_strategy: str = "auto",
@@ -626,16 +643,26 @@ class DPSVI(SVI):
                 raise
             raise explained from err
 
-    def _warn_if_all_noise(self, batch_size, stacklevel: int) -> None:
+    def _sigma(self) -> float:
+        """``dp_scale``, or a ``ValueError`` where it is left to ``run(epsilon=...)``."""
+        if self.dp_scale is None:
+            raise ValueError(
+                "Expected a noise multiplier: this DPSVI was made with dp_scale=None, so only "
+                "run(..., epsilon=..., delta=...) can choose it; pass dp_scale to DPSVI for update, "
+                "get_epsilon and get_delta.")
+        return self.dp_scale
+
+    def _warn_if_all_noise(self, batch_size, stacklevel: int, sigma: Optional[float] = None) -> None:
         """:func:`d3p._validate.warn_if_all_noise` for this DPSVI's σ and C and a
         public (expected) batch size, once per batch size; nothing for a traced
         one. ``stacklevel`` counts from this method's caller (1)."""
         if isinstance(batch_size, jax.core.Tracer):
             return
-        key = (self.dp_scale, float(batch_size))
+        sigma = self._sigma() if sigma is None else sigma
+        key = (sigma, float(batch_size))
         if key not in self._noise_warnings:
             self._noise_warnings.add(key)
-            _validate.warn_if_all_noise(self.dp_scale, float(batch_size), self.clipping_threshold,
+            _validate.warn_if_all_noise(sigma, float(batch_size), self.clipping_threshold,
                                         stacklevel=stacklevel + 1)
 
     def _check_records_plate(self, svi_state, treedef, records, num_records: int) -> None:
@@ -828,10 +855,10 @@ class DPSVI(SVI):
         """The public constants of ``noise="discrete"`` for parameters shaped like
         ``params``: grid, norm bound and noise (see :func:`d3p.discrete.discrete_plan`)."""
         num_params = sum(int(np.size(x)) for x in jax.tree.leaves(params))
-        if num_params not in self._discrete_plans:
-            self._discrete_plans[num_params] = discrete.discrete_plan(
-                self.dp_scale, self.clipping_threshold, num_params)
-        return self._discrete_plans[num_params]
+        key = (self._sigma(), num_params)
+        if key not in self._discrete_plans:
+            self._discrete_plans[key] = discrete.discrete_plan(self.dp_scale, self.clipping_threshold, num_params)
+        return self._discrete_plans[key]
 
     def _batch_layout(self):
         """How this step's batch is sharded (:func:`d3p._sharding.batch_layout`):
@@ -874,7 +901,7 @@ class DPSVI(SVI):
             )
 
         result = _sharding.sharded_sum(layout, float_sum, params, records, mask)
-        noisy = add_gaussian_noise(result.grad_sum, noise_key, self.dp_scale, self.clipping_threshold, self.rng_suite)
+        noisy = add_gaussian_noise(result.grad_sum, noise_key, self._sigma(), self.clipping_threshold, self.rng_suite)
         return result, noisy
 
     def _step(self, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
@@ -1042,7 +1069,7 @@ class DPSVI(SVI):
         ``"delta"``) is returned for ``target`` (δ or ε)."""
         steps = _num_steps(q, num_epochs, num_iter)
         compute = getattr(_method_accounting(sampler, relation, self.noise), figure)
-        return compute(self.dp_scale, q, steps, target, accountant=accountant)
+        return compute(self._sigma(), q, steps, target, accountant=accountant)
 
     # ------------------------------------------------------------------ run
 
@@ -1051,7 +1078,9 @@ class DPSVI(SVI):
             accountant: str = "fourier", relation: Optional[str] = None, progress_bar: bool = True,
             stable_update: bool = False, forward_mode_differentiation: bool = False,
             init_state: Optional[DPSVIState] = None, init_params: Optional[dict] = None,
-            init_data=None, **kwargs) -> DPSVIRunResult:
+            init_data=None, epsilon: Optional[float] = None, delta: Optional[float] = None,
+            ledger: Optional[PrivacyLedger] = None, start_step: Optional[int] = None,
+            **kwargs) -> DPSVIRunResult:
         """Run ``num_steps`` DP-VI steps, each on a fresh random batch of the data.
 
         Unlike :meth:`numpyro.infer.SVI.run`, which uses the data it is given
@@ -1092,6 +1121,26 @@ class DPSVI(SVI):
         :param int max_batch_size: padded batch size for Poisson sampling (default:
             overflow probability negligible, see :class:`d3p.minibatch.PoissonSampler`).
         :param float target_delta: δ for reporting ε; default ``1 / N**2``.
+        :param float epsilon: ask for this ε instead of giving ``dp_scale``
+            to the constructor (which must then be None; both is an error): σ
+            is calibrated by :func:`d3p.dputil.calibrate_sigma` for the
+            sampler, relation, noise and number of steps of this run, at
+            ``delta`` minus what Poisson batch overflow adds to it, and
+            reported as the result's ``sigma``. ``inf``: no noise.
+        :param float delta: the δ of ``epsilon`` (the same as ``target_delta``;
+            give one of the two).
+        :param PrivacyLedger ledger: record this run's steps in ``ledger``
+            (:class:`d3p.ledger.PrivacyLedger`): the run is refused before its
+            first step if it would pass the ledger's budget, or reuse the
+            batch keys of a run recorded there; it is recorded once it has
+            finished.
+        :param int start_step: the index of the first step in the stream of
+            batch keys drawn from ``rng_key`` (batch ``i`` is drawn with
+            ``fold_in(batch_key, start_step + i)``). Default: 0, or, with a
+            ``ledger``, the steps it has recorded with this ``rng_key``, or a
+            :class:`Checkpoint`'s ``step``. Continuing a run with the same
+            ``rng_key`` from where it stopped gives the same parameters, bit
+            for bit, as the run without the interruption.
         :param str accountant: ``"fourier"``, ``"rdp"`` or ``"pld"``.
         :param str relation: the relation of the reported guarantee:
             ``"add_remove"`` (default for Poisson sampling) or ``"substitute"``
@@ -1104,8 +1153,11 @@ class DPSVI(SVI):
             values) starts without compiling them again.
         :param bool stable_update: use :meth:`stable_update`.
         :param bool forward_mode_differentiation: as in NumPyro.
-        :param DPSVIState init_state: continue from this state (its privacy
-            spending is not included in the reported ε).
+        :param DPSVIState init_state: continue from this state, or from a
+            :class:`Checkpoint` (:func:`load_checkpoint`), whose ``step`` and
+            ``ledger`` are then the defaults of ``start_step`` and
+            ``ledger``. The reported ε is that of this run's steps; the ledger
+            holds the total.
         :param dict init_params: initial values of param sites (public).
         :param init_data: optional public records to initialise on, as for
             :meth:`init`; by default the run initialises on ones shaped like
@@ -1113,45 +1165,88 @@ class DPSVI(SVI):
         :param kwargs: per-record keyword data (``N`` rows each).
         :return: :class:`DPSVIRunResult` ``(params, state, losses)`` with the
             fields ``epsilon``, ``delta``, ``relation``, ``sampler``, ``sigma``,
-            ``q`` and ``num_steps``. The losses are NOT private.
+            ``q``, ``num_steps`` and ``start_step``. The losses are NOT private.
         """
         num_steps = _validate.integer("num_steps", num_steps, minimum=1)
         records, treedef, N = _records(args, kwargs, what="data")
+        if delta is not None:
+            if target_delta is not None:
+                raise ValueError(f"Expected one of delta and target_delta, got delta={delta!r} and "
+                                 f"target_delta={target_delta!r}.")
+            target_delta = delta
+        checkpoint = init_state if isinstance(init_state, Checkpoint) else None
+        if checkpoint is not None:
+            ledger = checkpoint.ledger if ledger is None else ledger
+            start_step = checkpoint.step if start_step is None else start_step
+        if ledger is not None and not isinstance(ledger, PrivacyLedger):
+            raise TypeError(f"Expected ledger to be a d3p.ledger.PrivacyLedger, got {type(ledger).__name__}.")
         plan = self._run_plan(N, num_steps, batch_size, q, sampling, max_batch_size, target_delta,
-                              accountant, relation)
-        _sharding.check_same_in_every_process("rng_key", rng_key)
-        init_key, batch_key = self.rng_suite.split(rng_key, 2)
-        # with a mesh: the data set whole on every device, each taking its shard of every batch
-        records, batch_key = self._replicated(records, batch_key)
-        update = self.stable_update if stable_update else self.update
-        gather, run_chunk = self._run_cache.steps(update, plan.sampler, self.rng_suite, treedef,
-                                                  forward_mode_differentiation, self._run_layout())
-        svi_state = init_state
-        if svi_state is None:  # initialised from public information: a batch's shapes, or init_data
-            batch = jax.eval_shape(gather, batch_key, records, 0)[:2]
-            like_batch = [jnp.zeros(x.shape, x.dtype) for x in jax.tree.leaves(batch)]
-            public, rows = public_records(init_data, like_batch, treedef, len(like_batch[0]) if like_batch else 0)
-            svi_state = self._init_public(init_key, public, treedef, rows, init_params,
-                                          real_values=init_data is not None)
-        elif init_data is not None:
-            raise ValueError("Expected init_data only without init_state: the state is already initialised.")
-        self._check_state(svi_state)
-        self._check_records_plate(svi_state, treedef, records, N)
-        _sharding.check_same_in_every_process("init_state", svi_state.rng_key)
-        (svi_state,) = self._replicated(svi_state)
+                              accountant, relation, epsilon)
+        given = self.dp_scale
+        self.dp_scale = plan.sigma   # for this run's steps (the compiled steps are kept per σ); restored below
+        try:
+            _sharding.check_same_in_every_process("rng_key", rng_key)
+            init_key, batch_key = self.rng_suite.split(rng_key, 2)
+            fingerprint = key_fingerprint(batch_key) if ledger is not None else None
+            if start_step is None:
+                start_step = ledger.steps_taken(fingerprint) if ledger is not None else 0
+            start_step = _validate.integer("start_step", start_step, minimum=0, maximum=2**32 - num_steps)
+            release = None
+            if ledger is not None:   # refused here, before any step, if it would pass the budget
+                release = self._release(plan, N, num_steps, start_step, fingerprint)
+                ledger.check(release)
+            # with a mesh: the data set whole on every device, each taking its shard of every batch
+            records, batch_key = self._replicated(records, batch_key)
+            update = self.stable_update if stable_update else self.update
+            gather, run_chunk = self._run_cache.steps(update, plan.sampler, self.rng_suite, treedef,
+                                                      forward_mode_differentiation, (self._run_layout(), plan.sigma))
+            svi_state = init_state
+            if svi_state is None or checkpoint is not None:
+                # initialised from public information: a batch's shapes, or init_data
+                if checkpoint is not None and (init_data is not None or init_params is not None):
+                    raise ValueError(
+                        "Expected neither init_data nor init_params with a checkpoint: it holds the state.")
+                batch = jax.eval_shape(gather, batch_key, records, 0)[:2]
+                like_batch = [jnp.zeros(x.shape, x.dtype) for x in jax.tree.leaves(batch)]
+                public, rows = public_records(init_data, like_batch, treedef, len(like_batch[0]) if like_batch else 0)
+                svi_state = self._init_public(init_key, public, treedef, rows, init_params,
+                                              real_values=init_data is not None)
+                if checkpoint is not None:
+                    svi_state = checkpoint.into(svi_state)
+            elif init_data is not None:
+                raise ValueError("Expected init_data only without init_state: the state is already initialised.")
+            self._check_state(svi_state)
+            self._check_records_plate(svi_state, treedef, records, N)
+            _sharding.check_same_in_every_process("init_state", svi_state.rng_key)
+            (svi_state,) = self._replicated(svi_state)
 
-        def run_steps(svi_state, start, data, length):
-            svi_state, losses, ok = run_chunk(svi_state, batch_key, start, data, length)
-            return _require_batches(ok, plan.sampler, (svi_state, losses))
+            def run_steps(svi_state, start, data, length):
+                svi_state, losses, ok = run_chunk(svi_state, batch_key, start, data, length)
+                return _require_batches(ok, plan.sampler, (svi_state, losses))
 
-        if progress_bar:
-            svi_state, losses = _run_with_progress_bar(run_steps, svi_state, records, num_steps, plan)
-        else:
-            svi_state, losses = run_steps(svi_state, jnp.uint32(0), records, num_steps)
-        return self._run_result(svi_state, losses, plan, N, num_steps)
+            if progress_bar:
+                svi_state, losses = _run_with_progress_bar(run_steps, svi_state, records, num_steps, plan, start_step)
+            else:
+                svi_state, losses = run_steps(svi_state, jnp.uint32(start_step), records, num_steps)
+            if ledger is not None:
+                ledger.record(release)
+            return self._run_result(svi_state, losses, plan, N, num_steps, start_step)
+        finally:
+            self.dp_scale = given
+
+    @staticmethod
+    def _release(plan, N: int, num_steps: int, start_step: int, fingerprint) -> GaussianSteps:
+        """The ledger's record of a run: its steps, with the probability η that
+        a Poisson batch overflowed its padded size (for the larger neighbour)."""
+        sampler, acc = plan.sampler, plan.accounting
+        eta = 0.0
+        if acc.sampler == "poisson":
+            eta = min(1.0, num_steps * _sampling.overflow_probability(N + 1, sampler.q, sampler.max_batch_size))
+        return GaussianSteps(f"DPSVI.run: {num_steps} steps", plan.sigma, float(sampler.q), num_steps,
+                             str(acc.sampler), str(acc.relation), acc.noise, eta, start_step, fingerprint)
 
     def _run_plan(self, N, num_steps, batch_size, q, sampling, max_batch_size, target_delta, accountant,
-                  relation) -> "_RunPlan":
+                  relation, epsilon=None) -> "_RunPlan":
         """:meth:`run`'s sampler and its accounting, from run's arguments."""
         from d3p import minibatch
 
@@ -1177,13 +1272,41 @@ class DPSVI(SVI):
         acc = accounting.accounting_for(sampler.name, relation, self.noise)
         if target_delta is None:
             target_delta = 1.0 / N**2
-        tracker = acc.tracker(self.dp_scale, sampler.q, target_delta, num_steps=num_steps, accountant=accountant)
-        # public facts only: σ, C, the expected batch size, N and δ
-        self._warn_if_all_noise(sampler.expected_batch_size, stacklevel=4)   # the caller of run
+        target_delta = _validate.open_unit("delta" if epsilon is not None else "target_delta", target_delta)
         _validate.warn_if_large_delta("target_delta", target_delta, N, stacklevel=4)
-        return _RunPlan(sampler, acc, tracker, target_delta)
+        sigma, target_delta = self._run_sigma(epsilon, acc, sampler, num_steps, target_delta, accountant)
+        tracker = acc.tracker(sigma, sampler.q, target_delta, num_steps=num_steps, accountant=accountant)
+        # public facts only: σ, C, the expected batch size, N and δ
+        self._warn_if_all_noise(sampler.expected_batch_size, stacklevel=4, sigma=sigma)   # the caller of run
+        return _RunPlan(sampler, acc, tracker, target_delta, sigma)
 
-    def _run_result(self, svi_state, losses, plan, N, num_steps) -> DPSVIRunResult:
+    def _run_sigma(self, epsilon, acc, sampler, num_steps, delta, accountant):
+        """``(sigma, delta_run)``: ``dp_scale`` and ``delta``, or, for
+        ``run(epsilon=...)``, σ calibrated for this run's accounting at
+        ``delta_run``, ``delta`` less the Poisson overflow term at ``epsilon``."""
+        if epsilon is None:
+            return self._sigma(), delta
+        epsilon = _validate.positive("epsilon", epsilon, finite=False)
+        if self.dp_scale is not None:
+            raise ValueError(
+                f"Expected either a noise multiplier or an epsilon, got dp_scale={self.dp_scale!r} (given to "
+                f"DPSVI) and epsilon={epsilon!r} (asked of run): make DPSVI with dp_scale=None to ask for an "
+                "epsilon, or leave epsilon out to use dp_scale.")
+        if math.isinf(epsilon):
+            return 0.0, delta
+        overflow = acc.overflow_delta(sampler.num_records, sampler.q, sampler.max_batch_size, num_steps, epsilon)
+        delta_run = delta - overflow
+        if not delta_run > 0.5 * delta:
+            raise ValueError(
+                f"Expected the Poisson batches to overflow rarely: with max_batch_size={sampler.max_batch_size} "
+                f"they add {overflow:.3g} to delta={delta:g}. Use a larger max_batch_size or the default.")
+        from d3p import dputil
+
+        sigma, _, _ = dputil.calibrate_sigma(epsilon, delta_run, sampler.q, num_steps, sampler=acc.sampler,
+                                             relation=acc.relation, noise=acc.noise, accountant=accountant)
+        return float(sigma), delta_run
+
+    def _run_result(self, svi_state, losses, plan, N, num_steps, start_step=0) -> DPSVIRunResult:
         """:meth:`run`'s result: the final state with the privacy spent by its steps."""
         sampler, acc = plan.sampler, plan.accounting
         epsilon = plan.tracker.epsilon(num_steps)
@@ -1193,8 +1316,8 @@ class DPSVI(SVI):
             N, sampler.q, sampler.max_batch_size, num_steps, epsilon))
         return DPSVIRunResult(
             self.get_params(svi_state), svi_state, losses, epsilon=epsilon, delta=delta,
-            relation=acc.relation, sampler=acc.sampler, sigma=self.dp_scale, q=sampler.q,
-            num_steps=num_steps,
+            relation=acc.relation, sampler=acc.sampler, sigma=plan.sigma, q=sampler.q,
+            num_steps=num_steps, start_step=start_step,
         )
 
 
@@ -1222,3 +1345,56 @@ def _num_steps(q, num_epochs, num_iter) -> int:
     epochs = _validate.positive("num_epochs", num_epochs)
     q = _validate.probability("q", q)
     return max(1, int(math.ceil(epochs / q)))
+
+
+def save_checkpoint(path, result_or_state, step: Optional[int] = None,
+                    ledger: Optional[PrivacyLedger] = None) -> None:
+    """Save a run's state, the step it reached and its privacy ledger to ``path``
+    (one ``.npz`` file of arrays and JSON text; nothing is pickled).
+
+    :param path: the file to write (replaced atomically).
+    :param result_or_state: a :class:`DPSVIRunResult` (its state, and its
+        ``start_step + num_steps`` as ``step``) or a :class:`DPSVIState`.
+    :param int step: the steps taken (the next batch's index); required with
+        a state, checked against a result's.
+    :param PrivacyLedger ledger: the ledger to save with it (optional).
+
+    The file holds the optimizer state (the parameters), the PRNG key of the
+    next step's noise and the step index: secret, as the noise must be; keep
+    it where the data is kept. Continue with
+    ``svi.run(rng_key, more_steps, *data, init_state=load_checkpoint(path), ...)``
+    and the same ``rng_key`` (see :meth:`DPSVI.run`).
+    """
+    from d3p import _checkpoint
+
+    if isinstance(result_or_state, DPSVIRunResult):
+        done = int((result_or_state.start_step or 0) + result_or_state.num_steps)
+        if step is not None and int(step) != done:
+            raise ValueError(f"Expected step={done} for this result (start_step + num_steps), got step={step!r}.")
+        state, step = result_or_state.state, done
+    elif isinstance(result_or_state, DPSVIState):
+        if step is None:
+            raise ValueError("Expected step (the number of steps taken) with a DPSVIState.")
+        state = result_or_state
+    else:
+        raise TypeError(
+            f"Expected result_or_state to be a DPSVIRunResult or DPSVIState, got {type(result_or_state).__name__}.")
+    step = _validate.integer("step", step, minimum=0)
+    if ledger is not None and not isinstance(ledger, PrivacyLedger):
+        raise TypeError(f"Expected ledger to be a d3p.ledger.PrivacyLedger, got {type(ledger).__name__}.")
+    _checkpoint.save_checkpoint(path, state, step, ledger)
+
+
+def load_checkpoint(path, like: Optional[DPSVIState] = None) -> Checkpoint:
+    """Read a checkpoint written by :func:`save_checkpoint`.
+
+    :param path: the file.
+    :param DPSVIState like: optionally a state of the same model, guide and
+        optimizer, into whose structure the saved arrays are put
+        (``checkpoint.state``); without it, :meth:`DPSVI.run` does that when
+        given the checkpoint as ``init_state``.
+    :return: :class:`Checkpoint` ``(state, leaves, structure, step, ledger)``.
+    """
+    from d3p import _checkpoint
+
+    return _checkpoint.load_checkpoint(path, like)

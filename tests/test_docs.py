@@ -29,6 +29,7 @@ PUBLIC_MODULES = [
     "d3p.gradients",
     "d3p.discrete",
     "d3p.accounting",
+    "d3p.ledger",
     "d3p.selection",
     "d3p.dputil",
     "d3p.random",

@@ -65,6 +65,13 @@ CASES = {
          r"Poisson sampling, substitute relation +calibrate_sigma",
          r"fixed-size sampling, substitute relation +approximate_sigma "],
     ),
+    "resume_with_ledger.py": (
+        ["resume_ledger.png"],
+        [r"ask for ε=1 at δ=1e-06: calibrated σ=[0-9.]+ for 200 steps",
+         r"resumed at step 100: parameters identical to the uninterrupted run, bit for bit",
+         r"third analysis refused before its first step", r"total: epsilon = [0-9.]+ at delta = 1e-06",
+         r"Wrote .*resume_ledger\.json"],
+    ),
 }
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -132,6 +132,13 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                              "train-on-synthetic / test-on-real accuracy predicts it")
     parser.add_argument("--save-model", default=None, metavar="DIR",
                         help="save the fitted twin (parameters, schema, privacy record; no records)")
+    parser.add_argument("--ledger", default=None, metavar="LEDGER.json",
+                        help="record the twin's release in this privacy ledger of the data set (created if "
+                             "missing); the fit is refused if it would pass the ledger's budget")
+    parser.add_argument("--budget-epsilon", type=_EPSILON, default=None, metavar="E",
+                        help="with --ledger, when it creates the ledger: the total epsilon it allows")
+    parser.add_argument("--budget-delta", type=_DELTA, default=None, metavar="D",
+                        help="with --budget-epsilon: the delta of the budget")
     _add_reading_options(parser)
     parser.add_argument("--no-utility", action="store_true",
                         help="do not print the utility figures at the end (they are computed on the real data, "
@@ -328,7 +335,10 @@ def _run(args) -> int:
     try:
         data, schema = _read_inputs(args)
         key, seed_text = _rng_key(args)
-        twin = _fit(args, data, schema, key)
+        ledger = _ledger(args)
+        twin = _fit(args, data, schema, key, ledger)
+        if ledger is not None:
+            _save_ledger(args, ledger, twin)
         num_synthetic = args.num_synthetic or len(data)
         synthetic = twin.generate(num_synthetic, _generation_key(key))
     except TwinInputError as e:
@@ -391,7 +401,38 @@ def _generation_key(key):
     return d3p.random.fold_in(key, 0x7717)
 
 
-def _fit(args, data, schema, key):
+def _ledger(args):
+    """The privacy ledger of ``--ledger`` (read, or new with the budget of
+    ``--budget-epsilon``/``--budget-delta``), or None."""
+    from d3p.ledger import PrivacyLedger
+
+    budget = (args.budget_epsilon, args.budget_delta)
+    if args.ledger is None:
+        if budget != (None, None):
+            raise _BadInput("--budget-epsilon and --budget-delta need --ledger")
+        return None
+    if os.path.exists(args.ledger):
+        if budget != (None, None):
+            raise _BadInput(f"--budget-epsilon and --budget-delta set the budget of a new ledger; {args.ledger} "
+                            "exists and keeps its own")
+        return PrivacyLedger.load(args.ledger)
+    if (args.budget_epsilon is None) != (args.budget_delta is None):
+        raise _BadInput("--budget-epsilon and --budget-delta go together")
+    return PrivacyLedger(budget_epsilon=args.budget_epsilon, budget_delta=args.budget_delta)
+
+
+def _save_ledger(args, ledger, twin) -> None:
+    """Write the ledger (atomically) and say what it now holds."""
+    tmp = args.ledger + ".tmp"
+    ledger.save(tmp)
+    os.replace(tmp, args.ledger)
+    delta = ledger.budget_delta or twin.privacy.get("delta")
+    total = f"epsilon = {ledger.epsilon(delta):.4g} at delta = {delta:.3g}" if delta else "not private"
+    print(f"d3p twin: privacy ledger {args.ledger}: {_plural(len(ledger), 'release')}, in total {total}",
+          file=sys.stderr)
+
+
+def _fit(args, data, schema, key, ledger=None):
     from d3p.twin.inference import DEFAULT_CLIPPING_THRESHOLD, DEFAULT_LEARNING_RATE, fit
     from d3p.twin.schema import DEFAULT_MAX_LEVELS, SchemaInferenceWarning
 
@@ -409,7 +450,7 @@ def _fit(args, data, schema, key):
                    clipping_threshold=args.clip or DEFAULT_CLIPPING_THRESHOLD,
                    learning_rate=args.learning_rate or DEFAULT_LEARNING_RATE,
                    max_levels=args.max_levels or DEFAULT_MAX_LEVELS, target=args.target,
-                   progress_bar=not args.no_progress)
+                   progress_bar=not args.no_progress, ledger=ledger)
     _report_warnings(caught)
     return twin
 

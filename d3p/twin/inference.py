@@ -25,7 +25,8 @@ from numpyro.infer import Predictive, Trace_ELBO
 from numpyro.infer.autoguide import AutoDiagonalNormal, AutoGuide
 
 import d3p.random
-from d3p import _validate, accounting, minibatch
+from d3p import _validate, accounting, dputil, minibatch
+from d3p.ledger import PrivacyLedger, ZCDPRelease
 from d3p.svi import DPSVI
 from d3p.twin._io import atomic_directory
 from d3p.twin.cells import CellSpace
@@ -421,7 +422,7 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
         q: Optional[float] = None, sampling: str = "poisson", clipping_threshold: float = DEFAULT_CLIPPING_THRESHOLD,
         learning_rate: float = DEFAULT_LEARNING_RATE, optimizer=None, accountant: str = "fourier",
         max_levels: int = DEFAULT_MAX_LEVELS, target: Optional[Union[str, Sequence[str]]] = None,
-        progress_bar: bool = True) -> TwinResult:
+        progress_bar: bool = True, ledger: Optional[PrivacyLedger] = None) -> TwinResult:
     """Fit a synthetic-data twin of ``data`` at the target (ε, δ).
 
     Steps: (1) complete the schema (:func:`infer_schema`: what it reads from
@@ -470,6 +471,11 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     :param target: column(s) a downstream model will predict (public): the marginal
         family spends a third of its rounds on tables holding it; the mixture ignores it.
     :param bool progress_bar: show the progress of the fit.
+    :param ledger: a :class:`d3p.ledger.PrivacyLedger` of the data set's
+        releases: the twin's release is refused before the fit if it would
+        pass the ledger's budget, and recorded in it once fitted (the
+        mixture's DP-VI steps, or the marginal twin's total ρ as a zCDP
+        release).
     :return: :class:`TwinResult`.
     :raises TwinInputError: on an unusable schema, and only where the schema
         is inferred (outside ε) on unusable data; never for a record's value.
@@ -490,11 +496,13 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     schema = infer_schema(data, schema, max_levels=max_levels)
     x = schema.encode(data)
     dpvi_settings = (model, num_components, num_steps, q, optimizer)
+    if ledger is not None and not isinstance(ledger, PrivacyLedger):
+        raise TypeError(f"Expected ledger to be a d3p.ledger.PrivacyLedger, got {type(ledger).__name__}.")
     if _resolve_family(family, schema, x.shape[0], epsilon, delta, dpvi_settings) == "marginal":
-        return _fit_marginal(schema, x, epsilon, delta, key, sampling, progress_bar, t0, target)
+        return _fit_marginal(schema, x, epsilon, delta, key, sampling, progress_bar, t0, target, ledger)
     plan = _privacy_plan(x.shape[0], epsilon, delta, q, num_steps, sampling, accountant)
     return _fit_mixture(schema, x, plan, key, model, guide, num_components, clipping_threshold, learning_rate,
-                        optimizer, progress_bar, t0)
+                        optimizer, progress_bar, t0, ledger)
 
 
 def _check_target(target, data: pd.DataFrame) -> Tuple[str, ...]:
@@ -526,14 +534,14 @@ def _resolve_family(family: str, schema: Schema, num_records: int, epsilon: floa
 
 def _fit_mixture(schema: Schema, x: np.ndarray, plan: "_Plan", key, model, guide, num_components,
                  clipping_threshold: float, learning_rate: float, optimizer, progress_bar: bool,
-                 t0: float) -> TwinResult:
+                 t0: float, ledger: Optional[PrivacyLedger] = None) -> TwinResult:
     """:func:`fit` with ``family="mixture"``: DP-VI with the plan's σ and sampler."""
     model, model_spec = _model(schema, model, num_components, plan.num_records)
     guide, guide_spec = _guide(model, guide)
     optim = numpyro.optim.Adam(cosine_decay(learning_rate, plan.num_steps)) if optimizer is None else optimizer
     svi = DPSVI(model, guide, optim, Trace_ELBO(), clipping_threshold=clipping_threshold, dp_scale=plan.sigma,
                 N=plan.num_records)
-    result = _run(svi, guide, schema, x, plan, key, progress_bar)
+    result = _run(svi, guide, schema, x, plan, key, progress_bar, ledger)
     fit_info = _fit_info(plan, learning_rate, clipping_threshold, optimizer, seconds=time.monotonic() - t0)
     return TwinResult(schema, model, guide, result.params, num_records=plan.num_records, model_spec=model_spec,
                       guide_spec=guide_spec, privacy=_privacy_record(plan, result, clipping_threshold, schema),
@@ -541,13 +549,15 @@ def _fit_mixture(schema: Schema, x: np.ndarray, plan: "_Plan", key, model, guide
 
 
 def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sampling: str, progress_bar: bool,
-                  t0: float, targets: Tuple[str, ...] = ()) -> TwinResult:
+                  t0: float, targets: Tuple[str, ...] = (), ledger: Optional[PrivacyLedger] = None) -> TwinResult:
     """:func:`fit` with ``family="marginal"``: the private rounds of :mod:`d3p.twin.marginal`."""
     num_records = x.shape[0]
     delta = _validate.open_unit("delta", 1.0 / num_records**2 if delta is None else delta)
     relation = accounting.accounting_for(sampling).relation
     space = CellSpace(schema)
     plan = plan_marginals(epsilon, delta, len(schema), relation=relation)
+    if ledger is not None:   # refused before the fit if the planned ρ would pass the budget
+        ledger.check(ZCDPRelease("marginal twin (planned)", plan.rho, str(relation)))
     bar = None
     if progress_bar and plan.num_rounds:
         from tqdm.auto import tqdm
@@ -562,6 +572,8 @@ def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sam
         if bar is not None:
             bar.close()
     model = MarginalModel(schema, space, graph)
+    if ledger is not None:
+        ledger.record(ZCDPRelease(f"marginal twin: {len(budget.ledger)} releases", budget.spent, str(relation)))
     eps = budget.epsilon(delta) if math.isfinite(budget.spent) else math.inf
     privacy = {
         "epsilon": eps, "target_epsilon": epsilon, "delta": delta if math.isfinite(eps) else None,
@@ -647,7 +659,8 @@ def _privacy_plan(num_records: int, epsilon: float, delta, q, num_steps, samplin
     if math.isinf(epsilon):
         sigma = 0.0
     else:
-        sigma, _, _ = acc.calibrate(epsilon, delta_run, q_used, num_steps, accountant=accountant)
+        sigma, _, _ = dputil.calibrate_sigma(epsilon, delta_run, q_used, num_steps, sampler=acc.sampler,
+                                              relation=acc.relation, noise=acc.noise, accountant=accountant)
     return _Plan(N, epsilon, delta, delta_run, overflow, q_used, num_steps, sampling, sampler, acc.relation,
                  float(sigma), accountant, run_kwargs)
 
@@ -678,7 +691,7 @@ def _guide(model, guide) -> Tuple[Callable, dict]:
     return guide, {"type": "custom", "name": getattr(guide, "__qualname__", type(guide).__name__)}
 
 
-def _run(svi: DPSVI, guide, schema: Schema, x: np.ndarray, plan: _Plan, key, progress_bar: bool):
+def _run(svi: DPSVI, guide, schema: Schema, x: np.ndarray, plan: _Plan, key, progress_bar: bool, ledger=None):
     """Initialise on public placeholder records (no private value enters the
     initial state), then :meth:`DPSVI.run` with the plan's sampler; checks that
     the run was accounted as planned."""
@@ -690,7 +703,8 @@ def _run(svi: DPSVI, guide, schema: Schema, x: np.ndarray, plan: _Plan, key, pro
 
     state = jax.jit(init)(init_key, x0) if isinstance(guide, MixtureGuide) else init(init_key, x0)
     result = svi.run(run_key, plan.num_steps, jnp.asarray(x), target_delta=plan.delta_run,
-                     accountant=plan.accountant, progress_bar=progress_bar, init_state=state, **plan.run_kwargs)
+                     accountant=plan.accountant, progress_bar=progress_bar, init_state=state, ledger=ledger,
+                     **plan.run_kwargs)
     if result.relation != plan.relation or result.sigma != plan.sigma:
         raise RuntimeError(  # pragma: no cover - a consistency check
             f"Internal error: the run used relation={result.relation}, sigma={result.sigma}; "
