@@ -227,3 +227,36 @@ def test_mixture_twin_records_its_steps():
     assert (release.sigma, release.q, release.num_steps, release.sampler) == \
         (tw.privacy["sigma"], 0.1, 10, "poisson")
     assert ledger.epsilon(1e-5) <= 1.0
+
+
+def test_twin_command_line_keeps_a_ledger_and_refuses_past_its_budget(tmp_path, capsys):
+    """``python -m d3p twin --ledger``: the first twin is recorded in a new
+    ledger with the given budget; a second twin that would pass it is refused
+    before it is fitted, writing nothing and leaving the ledger as it was
+    (two releases of epsilon = 1 compose to about 1.45 as zCDP, over 1.2)."""
+    import numpy as np
+
+    from d3p.__main__ import main
+
+    rng = np.random.default_rng(0)
+    table = tmp_path / "in.csv"
+    table.write_text("a,b\n" + "".join(f"{x:.2f},{'yes' if y else 'no'}\n"
+                                       for x, y in zip(rng.normal(size=300), rng.random(300) < 0.4)))
+    ledger = tmp_path / "ledger.json"
+    common = ["--family", "marginal", "--no-progress", "--no-utility", "--seed", "1", "--ledger", str(ledger)]
+    code = main(["twin", str(table), str(tmp_path / "one.csv"), "--epsilon", "1", "--delta", "1e-6", *common,
+                 "--budget-epsilon", "1.2", "--budget-delta", "1e-6"])
+    assert code == 0, capsys.readouterr().err
+    first = PrivacyLedger.load(str(ledger))
+    assert len(first) == 1 and first.budget_epsilon == 1.2
+    assert 0.9 <= first.epsilon(1e-6) <= 1.0 + 1e-9
+    saved = ledger.read_text()
+    capsys.readouterr()
+    code = main(["twin", str(table), str(tmp_path / "two.csv"), "--epsilon", "1", "--delta", "1e-6", *common])
+    err = capsys.readouterr().err
+    assert code != 0 and "budget" in err, err
+    assert not (tmp_path / "two.csv").exists() and ledger.read_text() == saved
+    # a budget given for an existing ledger is an error in flag terms
+    code = main(["twin", str(table), str(tmp_path / "two.csv"), "--epsilon", "0.1", *common,
+                 "--budget-epsilon", "5", "--budget-delta", "1e-6"])
+    assert code == 2 and "--budget-epsilon and --budget-delta set the budget of a new ledger" in capsys.readouterr().err
