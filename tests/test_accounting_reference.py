@@ -68,12 +68,16 @@ def test_fixed_size_is_not_the_midpoint_pair(accountant):
     # fixed-size pair's ε is about 25 (dp-accounting, called directly)
     eps_ref = reference_accountant(0.822, 0.01, 1000, "fixed_size", "substitute").get_epsilon(1e-5)
     assert 25.0 < eps_ref < 25.8
-    for kwargs in ({"relation": "substitute"}, {"sampler": "fixed_size"},
-                   {"sampler": "fixed", "relation": "substitute"}):
+    spellings = ({"relation": "substitute"}, {"sampler": "fixed_size"}, {"sampler": "fixed", "relation": "substitute"})
+    # a PLD composition takes seconds: the PLD accountant gets one spelling; the others, the
+    # tracker and compose_epsilon (the same mapping to the pair) are checked with fourier and rdp
+    for kwargs in spellings if accountant != "pld" else spellings[:1]:
         eps = compute_epsilon(0.822, 0.01, 1000, 1e-5, accountant=accountant, **kwargs)
         assert eps >= eps_ref * (1 - 1e-3), (kwargs, eps)
         if accountant != "rdp":
             assert eps <= eps_ref * (1 + 1e-3)
+    if accountant == "pld":
+        return
     tracker = accounting.EpsilonTracker(0.822, 0.01, 1e-5, relation="substitute", num_steps=1000,
                                         accountant=accountant)
     assert tracker.total_epsilon >= eps_ref * (1 - 1e-3)

@@ -343,6 +343,8 @@ def test_choices_are_case_insensitive_and_reported_canonically():
     res = audit.audit_dpsvi(KEY, 20, dp_scale=2.0, q=0.5, num_steps=2, threat_model="FINAL_PARAMS", sampling="Poisson")
     assert res.setting["threat_model"] == "final_params" and res.setting["sampling"] == "poisson"
     assert res.scores_in.shape == (20,)  # the final parameter, not every step
+    # no attacker's σ in the setting of a final-parameters audit
+    assert list(res.setting) == [k for k in DPSVI_SETTING_KEYS if k != "score_sigma"]
 
 
 @pytest.mark.slow
@@ -361,14 +363,16 @@ def test_dpsvi_projections_do_not_depend_on_chunking():
         assert not np.allclose(a[0], a[1])  # the two data sets' runs use different keys
 
 
+DPSVI_SETTING_KEYS = ["mechanism", "sigma", "C", "q", "steps", "sampling", "relation", "threat_model",
+                      "score_sigma"]
+
+
 def test_dpsvi_setting_and_score_sigma():
     """The setting lists the audited DPSVI in a fixed order; the attacker's σ is
-    estimated from calibration runs, or is the accounted pair's σ (σ/2 with
-    fixed-size batches) without them, or as given."""
-    keys = ["mechanism", "sigma", "C", "q", "steps", "sampling", "relation", "threat_model", "score_sigma"]
-    res = audit.audit_dpsvi(KEY, 200, dp_scale=2.0, q=0.5, num_steps=2)
-    assert list(res.setting) == keys
-    assert 1.5 < res.setting["score_sigma"] < 2.5  # RMS of pure noise with σ = 2
+    estimated from calibration runs (test_correct_dpsvi_respects_the_accountant),
+    or is the accounted pair's σ (σ/2 with fixed-size batches) without them, or
+    as given. (Each audit compiles afresh: the setting of a final-parameters
+    audit is checked in test_choices_are_case_insensitive_and_reported_canonically.)"""
     res = audit.audit_dpsvi(KEY, 50, dp_scale=2.0, q=0.5, num_steps=2, sampling="fixed", thresholds=[0.0, 1.0])
     assert res.setting["score_sigma"] == 1.0 and res.setting["relation"] == "substitute"
     assert res.setting["q"] == 0.5 and res.bound.selection == "bonferroni"
@@ -377,8 +381,6 @@ def test_dpsvi_setting_and_score_sigma():
     assert res.setting["score_sigma"] == 3.0 and res.setting["q"] == pytest.approx(2 / 7)
     p_in, _ = audit.dpsvi_fixed_size_projections(KEY, 50, dp_scale=2.0, batch_size=2, num_records=7, num_steps=2)
     np.testing.assert_array_equal(res.scores_in, audit.subsampled_gaussian_log_ratio(p_in, 2 / 7, 3.0))
-    res = audit.audit_dpsvi(KEY, 20, dp_scale=2.0, q=0.5, num_steps=2, threat_model="final_params")
-    assert list(res.setting) == [k for k in keys if k != "score_sigma"]
 
 
 def test_dpsvi_scores_without_noise_sum_the_projections():
@@ -441,6 +443,8 @@ DPSVI_SETTING = dict(dp_scale=2.0, q=0.5, num_steps=4)  # accountant: ε(1e-5) =
 
 def test_correct_dpsvi_respects_the_accountant():
     res = audit.audit_dpsvi(d3p.random.PRNGKey(21), 20_000, delta=DELTA, **DPSVI_SETTING)
+    assert list(res.setting) == DPSVI_SETTING_KEYS  # the setting, in a fixed order
+    assert 1.5 < res.setting["score_sigma"] < 2.5  # estimated: RMS of pure noise with σ = 2
     assert res.epsilon_accountant == pytest.approx(
         accounting.compute_epsilon(2.0, 0.5, 4, DELTA, relation="add_remove")
     )

@@ -156,14 +156,17 @@ def _samples(log2_variance, n=N, seed=0):
 # the law
 
 
-@pytest.mark.parametrize("log2_variance", [0, 1, 2, 5])
+# one compilation of the sampler per variance: the default run checks one small even and
+# one odd variance per value and one above 2**29 binned (also read by the tail and symmetry
+# tests); the slow run adds more variances with a million samples
+@pytest.mark.parametrize("log2_variance", [0, 5])
 def test_chi_square_per_value_accepts_the_exact_law_and_rejects_variance_1_05(log2_variance):
     stat, critical, wrong = _fit_per_value(_samples(log2_variance), log2_variance)
     assert stat < critical
     assert wrong > 2 * critical
 
 
-@pytest.mark.parametrize("log2_variance", [20, 30])
+@pytest.mark.parametrize("log2_variance", [30])
 def test_chi_square_binned_accepts_the_exact_law_and_rejects_variance_1_05(log2_variance):
     stat, critical, wrong = _fit_binned(_samples(log2_variance), log2_variance)
     assert stat < critical
@@ -171,7 +174,7 @@ def test_chi_square_binned_accepts_the_exact_law_and_rejects_variance_1_05(log2_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("log2_variance", [0, 3, 8])
+@pytest.mark.parametrize("log2_variance", [0, 1, 2, 3, 8])
 def test_chi_square_per_value_with_a_million_samples(log2_variance):
     stat, critical, wrong = _fit_per_value(_samples(log2_variance, N_SLOW), log2_variance)
     assert stat < critical
@@ -179,7 +182,7 @@ def test_chi_square_per_value_with_a_million_samples(log2_variance):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("log2_variance", [13, 24, 31, 32, 33, 39, 40])
+@pytest.mark.parametrize("log2_variance", [13, 20, 24, 31, 32, 33, 39, 40])
 def test_chi_square_binned_with_a_million_samples(log2_variance):
     stat, critical, wrong = _fit_binned(_samples(log2_variance, N_SLOW), log2_variance)
     assert stat < critical
@@ -195,7 +198,7 @@ def _tail_mass(log2_variance, multiple, factor=1.0):
     return masses[0] + masses[2], bound
 
 
-@pytest.mark.parametrize("log2_variance", [5, 20, 30])
+@pytest.mark.parametrize("log2_variance", [5, 30])
 @pytest.mark.parametrize("multiple", [2, 3])
 def test_tail_mass_beyond_two_and_three_sigma_is_exact(log2_variance, multiple):
     samples = _samples(log2_variance)
@@ -206,7 +209,7 @@ def test_tail_mass_beyond_two_and_three_sigma_is_exact(log2_variance, multiple):
     assert scipy.stats.binomtest(count, len(samples), wrong).pvalue < ALPHA
 
 
-@pytest.mark.parametrize("log2_variance", [0, 5, 20])
+@pytest.mark.parametrize("log2_variance", [0, 5, 30])
 def test_symmetric_with_mean_zero(log2_variance):
     samples = _samples(log2_variance).astype(np.float64)
     n = len(samples)

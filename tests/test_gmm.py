@@ -9,7 +9,6 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.distributions import constraints
 from numpyro.infer import SVI, Trace_ELBO
-from numpyro.infer.autoguide import AutoDelta
 from scipy import stats
 from scipy.special import logsumexp
 
@@ -39,13 +38,15 @@ def test_log_prob_matches_scipy(event_shape):
     d = GaussianMixture(locs, scales, PIS)
     assert d.batch_shape == () and d.event_shape == event_shape
     xs = np.random.default_rng(1).normal(0.0, 4.0, (7,) + event_shape)
-    got = np.asarray(d.log_prob(jnp.asarray(xs)))
+    # jitted (the distribution is a pytree argument): one compilation instead of one per
+    # operation; eager log_prob: test_log_prob_of_far_points_is_finite and below
+    got, one = jax.jit(lambda d, x: (d.log_prob(x), d.log_prob(x[0])))(d, jnp.asarray(xs))
     assert got.shape == (7,)
     expected = [_scipy_log_prob(x, locs, scales, PIS) for x in xs]
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
     # one point alone: a scalar
-    assert d.log_prob(jnp.asarray(xs[0])).shape == ()
-    np.testing.assert_allclose(float(d.log_prob(jnp.asarray(xs[0]))), expected[0], rtol=1e-5)
+    assert one.shape == ()
+    np.testing.assert_allclose(float(one), expected[0], rtol=1e-5)
 
 
 def test_log_prob_of_far_points_is_finite():
@@ -55,18 +56,30 @@ def test_log_prob_of_far_points_is_finite():
     np.testing.assert_allclose(lp[0], stats.norm(1.0, 0.1).logpdf(100.0) + np.log(0.5), rtol=1e-5)
 
 
-@pytest.mark.parametrize("event_shape", [(), (2,), (2, 3)])
-@pytest.mark.parametrize("sample_shape", [(), (4,), (2, 5)])
-def test_sample_shapes(event_shape, sample_shape):
-    d = GaussianMixture(*_params(event_shape), PIS)
-    x = d.sample(jax.random.PRNGKey(0), sample_shape)
-    assert x.shape == sample_shape + event_shape
-    assert d.shape(sample_shape) == x.shape
-    x2, [z] = d.sample_with_intermediates(jax.random.PRNGKey(0), sample_shape)
-    np.testing.assert_array_equal(x, x2)  # same key: the same draw
-    assert z.shape == sample_shape
-    assert jnp.issubdtype(z.dtype, jnp.integer)
-    assert d.log_prob(x).shape == sample_shape
+SHAPES = [(sample_shape, event_shape) for event_shape in [(), (2,), (2, 3)] for sample_shape in [(), (4,), (2, 5)]]
+
+
+def test_sample_shapes():
+    """Every (sample shape, event shape) pair, drawn in one jitted function (one
+    compilation for all nine; eager draws: the moment and frequency tests below)."""
+    dists = [GaussianMixture(*_params(event_shape), PIS) for _, event_shape in SHAPES]
+
+    @jax.jit
+    def draw(dists, key):
+        out = []
+        for d, (sample_shape, _) in zip(dists, SHAPES):
+            x = d.sample(key, sample_shape)
+            x2, [z] = d.sample_with_intermediates(key, sample_shape)
+            out.append((x, x2, z, d.log_prob(x)))
+        return out
+
+    for d, (sample_shape, event_shape), (x, x2, z, log_prob) in zip(dists, SHAPES, draw(dists, jax.random.PRNGKey(0))):
+        assert x.shape == sample_shape + event_shape
+        assert d.shape(sample_shape) == x.shape
+        np.testing.assert_array_equal(x, x2)  # same key: the same draw
+        assert z.shape == sample_shape
+        assert jnp.issubdtype(z.dtype, jnp.integer)
+        assert log_prob.shape == sample_shape
 
 
 def test_sample_moments():
@@ -150,15 +163,24 @@ def gmm_model(N, xs=None, k=2):
         numpyro.sample("x", GaussianMixture(locs, jnp.ones((k, 1)), pis), obs=xs)
 
 
+def gmm_guide(N, xs=None, k=2):
+    """Point estimates of the mixture weights and locations (a hand-written AutoDelta: no
+    eager search for initial values, whose hundreds of small compilations cost seconds)."""
+    pis = numpyro.param("pis_loc", jnp.full(k, 1.0 / k), constraint=constraints.simplex)
+    locs = numpyro.param("locs_loc", jnp.linspace(-1.0, 1.0, k)[:, None])
+    numpyro.sample("pis", dist.Delta(pis, event_dim=1))
+    numpyro.sample("locs", dist.Delta(locs, event_dim=2))
+
+
 def test_in_a_numpyro_model():
     rng = np.random.default_rng(0)
     xs = np.concatenate([rng.normal(-3.0, 1.0, 300), rng.normal(3.0, 1.0, 300)])[:, None].astype(np.float32)
-    guide = AutoDelta(gmm_model)
-    svi = SVI(gmm_model, guide, numpyro.optim.Adam(0.05), Trace_ELBO())
+    svi = SVI(gmm_model, gmm_guide, numpyro.optim.Adam(0.05), Trace_ELBO())
     result = svi.run(jax.random.PRNGKey(0), 500, len(xs), jnp.asarray(xs), progress_bar=False)
     assert np.all(np.isfinite(np.asarray(result.losses)))
-    locs = np.sort(np.asarray(result.params["locs_auto_loc"])[:, 0])
+    locs = np.sort(np.asarray(result.params["locs_loc"])[:, 0])
     np.testing.assert_allclose(locs, [-3.0, 3.0], atol=0.5)
+    np.testing.assert_allclose(result.params["pis_loc"], [0.5, 0.5], atol=0.1)
     # prior predictive: the site is sampled from the mixture, one row per record
     tr = numpyro.handlers.trace(numpyro.handlers.seed(gmm_model, 1)).get_trace(5)
     assert tr["x"]["value"].shape == (5, 1)
