@@ -34,22 +34,55 @@ from d3p.minibatch import (
 )
 
 
-def draw_many(sampler, num, seed=0, rng_suite=d3p.random):
-    """``num`` batches of ``sampler`` with keys ``fold_in(PRNGKey(seed), i)``, as numpy."""
-    key = d3p.random.PRNGKey(seed) if rng_suite is d3p.random else jax.random.PRNGKey(seed)
-    f = jax.jit(jax.vmap(lambda i: sampler.sample(rng_suite.fold_in(key, i), rng_suite)))
-    indices, mask = f(jnp.arange(num, dtype=jnp.uint32))
-    return np.asarray(indices), np.asarray(mask)
+def draw_all(samplers):
+    """Batches of several samplers, each compiled once (compiling a sampler costs far
+    more than drawing from it): ``samplers`` maps a name to ``(sampler, num, seed)``,
+    and batch ``i < num`` uses the key ``fold_in(PRNGKey(seed), i)``. Returns a dict
+    of numpy ``(indices, mask)``."""
+    out = {}
+    for name, (sampler, num, seed) in samplers.items():
+        key = d3p.random.PRNGKey(seed)
+        batch = jax.jit(jax.vmap(lambda i, sampler=sampler, key=key: sampler.sample(d3p.random.fold_in(key, i))))
+        indices, mask = batch(jnp.arange(num, dtype=jnp.uint32))
+        out[name] = (np.asarray(indices), np.asarray(mask))
+    return out
+
+
+# B = N > 1 (the loop collecting every index) is PoissonSampler(17, 1.0) below,
+# and FixedSizeSampler(17, 16) in test_minibatch_uniformity.py
+FIXED_CASES = {"fixed_1_1": (1, 1), "fixed_1000_128": (1000, 128), "fixed_1e8_64": (10**8, 64)}
+DETERMINISM_CASES = {
+    "fixed_1000_128": FixedSizeSampler(1000, 128),
+    "poisson_100": PoissonSampler(100, 0.5, max_batch_size=55),
+    "replace_20_5": WithReplacementSampler(20, 5),
+}
+
+
+@pytest.fixture(scope="module")
+def draws():
+    """Every sample this module checks statistically, drawn once per module."""
+    samplers = {name: (FixedSizeSampler(*case), 200, 0) for name, case in FIXED_CASES.items()}
+    samplers.update({
+        # q=0.5, at most 55 of N=100: P(K > 55) = 0.14, truncated; K ~ 35..55 otherwise
+        "poisson_100": (DETERMINISM_CASES["poisson_100"], 40000, 5),
+        "replace_20_5": (DETERMINISM_CASES["replace_20_5"], 20000, 1),
+        "poisson_truncate": (PoissonSampler(100, 0.5, max_batch_size=5), 40000, 4),
+        "poisson_empty": (PoissonSampler(100, 1e-4), 2000, 3),
+        "poisson_all": (PoissonSampler(17, 1.0), 50, 0),
+    })
+    return draw_all(samplers)
 
 
 # ----------------------------------------------------------------------------
 # samplers: basic properties
 
 
-@pytest.mark.parametrize("num_records,batch_size", [(1, 1), (2, 2), (5, 3), (1000, 128), (10**8, 64)])
-def test_fixed_size_distinct_in_range(num_records, batch_size):
-    sampler = FixedSizeSampler(num_records, batch_size)
-    indices, mask = draw_many(sampler, 200)
+@pytest.mark.parametrize("name", list(FIXED_CASES))
+def test_fixed_size_distinct_in_range(draws, name):
+    """Also (N, B) = (10, 3) and (17, 16) in test_minibatch_uniformity.py (more in its
+    slow step), whose subset and sequence codes require distinct indices in range."""
+    num_records, batch_size = FIXED_CASES[name]
+    indices, mask = draws[name]
     assert indices.shape == mask.shape == (200, batch_size)
     assert indices.dtype == np.int32 and mask.dtype == bool
     assert mask.all()
@@ -57,19 +90,22 @@ def test_fixed_size_distinct_in_range(num_records, batch_size):
     assert all(len(set(row)) == batch_size for row in indices.tolist())
 
 
-@pytest.mark.parametrize("make", [
-    lambda: FixedSizeSampler(1000, 10),
-    lambda: PoissonSampler(1000, 0.01),
-    lambda: WithReplacementSampler(1000, 10),
-])
-def test_sample_deterministic_and_different_keys(make):
-    sampler = make()
-    key = d3p.random.PRNGKey(3)
+@pytest.mark.parametrize("name", list(DETERMINISM_CASES))
+def test_sample_deterministic_and_different_keys(draws, name):
+    """The eager call, and batch i of the compiled vmapped program, are the same
+    function of the key; another key gives another batch."""
+    sampler = DETERMINISM_CASES[name]
+    indices, mask = draws[name]
+    seed = {"fixed_1000_128": 0, "poisson_100": 5, "replace_20_5": 1}[name]
+    key = d3p.random.fold_in(d3p.random.PRNGKey(seed), 0)
     a = sampler.sample(key)
-    b = jax.jit(lambda k: sampler.sample(k))(key)
+    np.testing.assert_array_equal(a[0], indices[0])
+    np.testing.assert_array_equal(a[1], mask[0])
+    b = sampler.sample(key)
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
-    c = sampler.sample(d3p.random.fold_in(key, 1))
+    c = sampler.sample(d3p.random.fold_in(d3p.random.PRNGKey(seed), 1))
+    np.testing.assert_array_equal(c[0], indices[1])
     assert not np.array_equal(a[0], c[0])
 
 
@@ -97,8 +133,8 @@ def test_debug_suite_works():
         assert indices.min() >= 0 and indices.max() < 50
 
 
-def test_with_replacement_uniform_per_index():
-    indices, _ = draw_many(WithReplacementSampler(20, 5), 20000, seed=1)
+def test_with_replacement_uniform_per_index(draws):
+    indices, _ = draws["replace_20_5"]
     counts = np.bincount(indices.ravel(), minlength=20)
     assert stats.chisquare(counts).pvalue > 1e-4
 
@@ -132,23 +168,23 @@ def test_subsample_batchify_single_array_and_list():
     _, state = init(d3p.random.PRNGKey(0))
     batch = get_batch(0, state)
     assert isinstance(batch, jax.Array) and batch.shape == (3,)
-    init, get_batch = subsample_batchify_data([np.arange(10.0)], batch_size=2)
+    init, get_batch = subsample_batchify_data([np.arange(10.0)], batch_size=3)
     batch = get_batch(0, init(d3p.random.PRNGKey(0))[1])
-    assert isinstance(batch, tuple) and batch[0].shape == (2,)
+    assert isinstance(batch, tuple) and batch[0].shape == (3,)
 
 
 def test_subsample_batchify_with_replacement():
-    init, get_batch = subsample_batchify_data((np.arange(10.0),), batch_size=4, with_replacement=True)
-    assert isinstance(get_batch.sampler, WithReplacementSampler)
+    init, get_batch = subsample_batchify_data((np.arange(20.0),), batch_size=5, with_replacement=True)
+    assert get_batch.sampler == WithReplacementSampler(20, 5)
     (batch,) = get_batch(0, init(d3p.random.PRNGKey(0))[1])
-    assert batch.shape == (4,)
+    assert batch.shape == (5,)
 
 
 def test_poisson_batchify():
     x = np.arange(100.0)
-    init, get_batch = poisson_batchify_data((x,), q=0.1)
+    init, get_batch = poisson_batchify_data((x,), q=0.5, max_batch_size=55)
     num_batches, state = init(d3p.random.PRNGKey(0))
-    assert num_batches == 10
+    assert num_batches == 2 and get_batch.sampler == PoissonSampler(100, 0.5, 55)
     (batch,), mask = jax.jit(get_batch)(jnp.int32(2), state)
     m = get_batch.sampler.max_batch_size
     assert batch.shape == mask.shape == (m,)
@@ -169,17 +205,18 @@ def test_take_batch():
 # Poisson specifics
 
 
-def test_poisson_mask_is_prefix_and_indices_distinct():
-    indices, mask = draw_many(PoissonSampler(200, 0.1), 2000, seed=2)
+@pytest.mark.parametrize("name", ["poisson_100", "poisson_truncate", "poisson_empty", "poisson_all"])
+def test_poisson_mask_is_prefix_and_indices_distinct(draws, name):
+    indices, mask = draws[name]
     count = mask.sum(axis=1)
     np.testing.assert_array_equal(mask, np.arange(mask.shape[1])[None, :] < count[:, None])
     assert all(len(set(row)) == len(row) for row in indices.tolist())
-    assert indices.min() >= 0 and indices.max() < 200
+    assert indices.min() >= 0 and indices.max() < (17 if name == "poisson_all" else 100)
 
 
-def test_poisson_empty_batches_give_no_nan():
+def test_poisson_empty_batches_give_no_nan(draws):
     sampler = PoissonSampler(100, 1e-4)
-    indices, mask = draw_many(sampler, 2000, seed=3)
+    indices, mask = draws["poisson_empty"]
     empty = ~mask.any(axis=1)
     assert empty.sum() > 1900  # P(K = 0) = 0.99
     data = jnp.linspace(-1.0, 1.0, 100)
@@ -189,27 +226,27 @@ def test_poisson_empty_batches_give_no_nan():
     assert np.all(np.asarray(total)[empty] == 0.0)
 
 
-def test_poisson_q_one_takes_everything():
-    indices, mask = draw_many(PoissonSampler(17, 1.0), 50)
+def test_poisson_q_one_takes_everything(draws):
+    indices, mask = draws["poisson_all"]
     assert mask.all() and all(sorted(row) == list(range(17)) for row in indices.tolist())
 
 
-def test_poisson_truncation_is_uniform_and_frequency_matches():
+def test_poisson_truncation_is_uniform_and_frequency_matches(draws):
     """q=0.5, max 5 of N=100: overflow almost surely; the 5 kept records are uniform."""
     sampler = PoissonSampler(100, 0.5, max_batch_size=5)
     assert sampler.overflow_probability > 0.999
-    indices, mask = draw_many(sampler, 40000, seed=4)
+    indices, mask = draws["poisson_truncate"]
     assert mask.all()
     counts = np.bincount(indices.ravel(), minlength=100)
     assert counts[:50].min() > 0
     assert stats.chisquare(counts).pvalue > 1e-4
 
 
-def test_poisson_overflow_probability_matches_sampler():
+def test_poisson_overflow_probability_matches_sampler(draws):
     sampler = PoissonSampler(100, 0.5, max_batch_size=55)
     p = sampler.overflow_probability
     assert p == pytest.approx(stats.binom.sf(55, 100, 0.5))
-    _, mask = draw_many(sampler, 40000, seed=5)
+    _, mask = draws["poisson_100"]
     full = mask.all(axis=1).sum()  # K >= 55
     expected = stats.binom.sf(54, 100, 0.5)
     assert stats.binomtest(int(full), 40000, expected).pvalue > 1e-4
@@ -299,7 +336,10 @@ def test_bad_types_raise_type_error(call):
 # Feistel permutation and split_batchify_data
 
 
-@pytest.mark.parametrize("n", [1, 2, 5, 17, 1025])
+# 1 (three of the four values of 2 bits walk), 5 and 1025 (odd numbers of bits)
+# in the default step; 2 and 17 in the slow step
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.slow), 5,
+                               pytest.param(17, marks=pytest.mark.slow), 1025])
 def test_feistel_is_bijection(n):
     key = d3p.random.PRNGKey(n)
     out = np.asarray(jax.jit(lambda k: feistel_permutation(k, jnp.arange(n), n))(key))

@@ -104,7 +104,8 @@ BROKEN_SCRIPT = textwrap.dedent(r'''
             key, jnp.arange(10), 10, rng_suite=ACCEPTED)).tolist()),
     }
     out = {}
-    for name, case in cases.items():
+    for name in json.loads(sys.argv[1]):
+        case = cases[name]
         try:
             value = case()
             jax.block_until_ready(value)
@@ -115,35 +116,64 @@ BROKEN_SCRIPT = textwrap.dedent(r'''
 ''')
 
 
-@pytest.fixture(scope="module")
-def broken_runs():
-    proc = subprocess.run([sys.executable, "-c", BROKEN_SCRIPT], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+# the DPSVI runs that compile most run in the slow step (in a second subprocess);
+# the default step keeps DPSVI.run's own check and every sampler-level case
+# (jit, vmap, scan in vmap: how DPSVI draws its batches)
+SLOW_CASES = ["dpsvi_run_traced", "dpsvi_run_jit_vmap", "dpsvi_run_jit_vmap_works"]
+
+
+def _run_broken(cases):
+    proc = subprocess.run([sys.executable, "-c", BROKEN_SCRIPT, json.dumps(cases)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
     return json.loads(line[len("RESULT"):])
 
 
+@pytest.fixture(scope="module")
+def broken_runs():
+    return _run_broken([
+        "fixed", "fixed_rejected", "poisson", "with_replacement", "fixed_jit", "poisson_jit_vmap",
+        "with_replacement_jit", "scan_in_vmap", "get_batch", "get_batch_jit", "poisson_get_batch", "dpsvi_run",
+        "failed_batch", "feistel",
+    ])
+
+
+@pytest.fixture(scope="module")
+def broken_runs_slow():
+    return _run_broken(SLOW_CASES)
+
+
+@pytest.fixture
+def result(request):
+    """The outcome of the test's ``case`` in the subprocess of its step."""
+    case = request.node.callspec.params["case"]
+    return request.getfixturevalue("broken_runs_slow" if case in SLOW_CASES else "broken_runs")[case]
+
+
+def cases(*names):
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in names]
+
+
 # DPSVI.run draws its batches inside its compiled steps and checks them after
 # each compiled chunk (not with a host call in every step): it raises too
-@pytest.mark.parametrize("case", ["fixed", "fixed_rejected", "poisson", "with_replacement", "get_batch",
-                                  "poisson_get_batch", "dpsvi_run", "dpsvi_run_traced"])
-def test_broken_random_source_raises_at_the_python_boundary(broken_runs, case):
-    result = broken_runs[case]
+@pytest.mark.parametrize("case", cases("fixed", "fixed_rejected", "poisson", "with_replacement", "get_batch",
+                                       "poisson_get_batch", "dpsvi_run", "dpsvi_run_traced"))
+def test_broken_random_source_raises_at_the_python_boundary(result, case):
     assert result["raised"] == "SamplingError", result
     assert "iteration bound" in result["message"] and "broken" in result["message"]
 
 
-@pytest.mark.parametrize("case", ["fixed_jit", "poisson_jit_vmap", "with_replacement_jit", "scan_in_vmap",
-                                  "get_batch_jit", "dpsvi_run_jit_vmap"])
-def test_broken_random_source_fails_a_traced_computation(broken_runs, case):
-    result = broken_runs[case]
+@pytest.mark.parametrize("case", cases("fixed_jit", "poisson_jit_vmap", "with_replacement_jit", "scan_in_vmap",
+                                       "get_batch_jit", "dpsvi_run_jit_vmap"))
+def test_broken_random_source_fails_a_traced_computation(result, case):
     assert result["raised"] == "JaxRuntimeError", result
     assert "SamplingError" in result["message"] and "iteration bound" in result["message"]
 
 
-def test_a_traced_run_with_a_working_source_runs(broken_runs):
-    assert broken_runs["dpsvi_run_jit_vmap_works"]["raised"] is None, broken_runs["dpsvi_run_jit_vmap_works"]
+@pytest.mark.parametrize("case", cases("dpsvi_run_jit_vmap_works"))
+def test_a_traced_run_with_a_working_source_runs(result, case):
+    assert result["raised"] is None, result
 
 
 def test_a_failed_draw_is_an_empty_batch(broken_runs):

@@ -25,11 +25,18 @@ from d3p.minibatch import (
 )
 
 
-def draw_many(sampler, num, seed=0):
-    key = d3p.random.PRNGKey(seed)
-    f = jax.jit(jax.vmap(lambda i: sampler.sample(d3p.random.fold_in(key, i))))
-    indices, mask = f(jnp.arange(num, dtype=jnp.uint32))
-    return np.asarray(indices), np.asarray(mask)
+def draw_all(samplers):
+    """Batches of several samplers, each compiled once (compiling a sampler costs far
+    more than drawing from it): ``samplers`` maps a name to ``(sampler, num, seed)``,
+    and batch ``i < num`` uses the key ``fold_in(PRNGKey(seed), i)``. Returns a dict
+    of numpy ``(indices, mask)``."""
+    out = {}
+    for name, (sampler, num, seed) in samplers.items():
+        key = d3p.random.PRNGKey(seed)
+        batch = jax.jit(jax.vmap(lambda i, sampler=sampler, key=key: sampler.sample(d3p.random.fold_in(key, i))))
+        indices, mask = batch(jnp.arange(num, dtype=jnp.uint32))
+        out[name] = (np.asarray(indices), np.asarray(mask))
+    return out
 
 
 def debug_key(seed=0):
@@ -69,10 +76,11 @@ def test_return_mask_gives_the_same_batch_and_a_full_mask(make):
 
 
 def test_return_mask_default_keeps_the_plain_batch():
-    init, get_batch = subsample_batchify_data(np.arange(10.0), 3)
-    assert get_batch(0, init(d3p.random.PRNGKey(0))[1]).shape == (3,)
-    init, get_batch = split_batchify_data(np.arange(10.0), 3)
-    assert get_batch(0, init(d3p.random.PRNGKey(0))[1]).shape == (3,)
+    # the settings of test_return_mask_gives_the_same_batch_and_a_full_mask: its programs serve here
+    init, get_batch = subsample_batchify_data(DATA[0], 7)
+    assert get_batch(0, init(d3p.random.PRNGKey(0))[1]).shape == (7,)
+    init, get_batch = split_batchify_data(DATA[0], 7)
+    assert get_batch(0, init(d3p.random.PRNGKey(0))[1]).shape == (7,)
 
 
 @pytest.mark.parametrize("q,n", [(0.1, 103), (0.29, 100), (0.5, 7), (1e-6, 20)])
@@ -82,9 +90,11 @@ def test_split_batchify_accepts_q(q, n):
     init, get_batch = split_batchify_data((x,), q=q)
     num_batches, state = init(d3p.random.PRNGKey(0))
     assert num_batches == n // expected
-    assert get_batch(0, state)[0].shape == (expected,)
-    by_size = split_batchify_data((x,), expected)[1]
-    np.testing.assert_array_equal(get_batch(1 % num_batches, state)[0], by_size(1 % num_batches, state)[0])
+    # the shape without compiling a program per case; the values for one case
+    assert jax.eval_shape(get_batch, 0, state)[0].shape == (expected,)
+    if q == 0.29:
+        by_size = split_batchify_data((x,), expected)[1]
+        np.testing.assert_array_equal(get_batch(1, state)[0], by_size(1, state)[0])
 
 
 @pytest.mark.parametrize("call", [
@@ -118,11 +128,24 @@ N, Q, M = 20, 0.5, 10  # P(K > 10) = 0.41, P(K = 10) = 0.18, P(K = 0) ~ 1e-6
 DRAWS = 20000
 
 
+QUANTILE_SAMPLER = PoissonSampler(200, 0.05, 0.8, "suppress")
+
+
 @pytest.fixture(scope="module")
-def truncated_and_suppressed():
-    truncate = PoissonSampler(N, Q, M)
-    suppress = PoissonSampler(N, Q, M, handle_oversized_batch="suppress")
-    return draw_many(truncate, DRAWS, seed=11), draw_many(suppress, DRAWS, seed=11), suppress
+def draws():
+    """Every sample this module checks, drawn once per module."""
+    return draw_all({
+        "truncate": (PoissonSampler(N, Q, M), DRAWS, 11),
+        "suppress": (PoissonSampler(N, Q, M, handle_oversized_batch="suppress"), DRAWS, 11),
+        "no_overflow_suppress": (PoissonSampler(12, 0.3, 12, "suppress"), 300, 2),
+        "no_overflow_truncate": (PoissonSampler(12, 0.3, 12), 300, 2),
+        "quantile": (QUANTILE_SAMPLER, 4000, 7),
+    })
+
+
+@pytest.fixture(scope="module")
+def truncated_and_suppressed(draws):
+    return draws["truncate"], draws["suppress"], PoissonSampler(N, Q, M, handle_oversized_batch="suppress")
 
 
 def _rate_matches(count, p, num=DRAWS):
@@ -156,38 +179,45 @@ def test_suppress_empties_exactly_the_oversized_batches(truncated_and_suppressed
     assert _rate_matches(kept_full, stats.binom.pmf(M, N, Q))
 
 
-def test_suppress_without_overflow_is_poisson_sampling():
+def test_suppress_without_overflow_is_poisson_sampling(draws):
     """max_batch_size = N: nothing to suppress, the output equals truncation's."""
-    a = draw_many(PoissonSampler(12, 0.3, 12, "suppress"), 300, seed=2)
-    b = draw_many(PoissonSampler(12, 0.3, 12), 300, seed=2)
+    a, b = draws["no_overflow_suppress"], draws["no_overflow_truncate"]
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
 
 
-def test_suppress_in_poisson_batchify_and_jit():
+def test_suppress_in_poisson_batchify_and_jit(draws):
     x = np.arange(float(N))
     init, get_batch = poisson_batchify_data((x,), Q, M, "suppress")
     sampler = get_batch.sampler
     assert sampler.handle_oversized_batch == "suppress" and sampler.max_batch_size == M
-    _, state = init(d3p.random.PRNGKey(0))
+    _, state = init(d3p.random.PRNGKey(11))
+    # batch i is the sampler's batch of fold_in(key, i): row i of the fixture's draws
+    s_indices, s_mask = draws["suppress"]
     outcomes = set()
+    jitted = jax.jit(get_batch)
     for i in range(40):
-        (batch,), mask = jax.jit(get_batch)(jnp.int32(i), state)
-        indices, mask2 = sampler.sample(d3p.random.fold_in(state.rng_key, i))
-        np.testing.assert_array_equal(mask, mask2)
+        (batch,), mask = jitted(jnp.int32(i), state)
+        np.testing.assert_array_equal(mask, s_mask[i])
+        np.testing.assert_array_equal(batch, x[s_indices[i]])
         outcomes.add(int(mask.sum()))
     assert 0 in outcomes and len(outcomes) > 2  # suppressed and ordinary batches
 
 
-def test_handle_oversized_batch_is_a_hashable_static_setting():
+def test_handle_oversized_batch_is_a_hashable_static_setting(draws):
     truncate, suppress = PoissonSampler(N, Q, M), PoissonSampler(N, Q, M, "Suppress ")
     assert suppress == PoissonSampler(N, Q, M, "suppress") and suppress != truncate
     assert hash(suppress) == hash(PoissonSampler(N, Q, M, "suppress"))
     f = jax.jit(lambda sampler, key: sampler.sample(key)[1].sum(), static_argnums=0)
-    key = d3p.random.PRNGKey(1)
-    counts = {s: int(f(s, key)) for s in (truncate, suppress)}
-    assert counts[truncate] == int(truncate.sample(key)[1].sum())
-    assert counts[suppress] == int(suppress.sample(key)[1].sum())
+    # batch i of the fixture's draws has the key fold_in(PRNGKey(11), i); the first
+    # oversized batch is one where the two settings give different counts
+    oversized = int(np.argmax(~draws["suppress"][1].any(axis=1)))
+    assert draws["truncate"][1][oversized].all() and not draws["suppress"][1][oversized].any()
+    for i in (0, oversized):
+        key = d3p.random.fold_in(d3p.random.PRNGKey(11), i)
+        counts = {s: int(f(s, key)) for s in (truncate, suppress)}
+        assert counts[truncate] == int(draws["truncate"][1][i].sum())
+        assert counts[suppress] == int(draws["suppress"][1][i].sum())
 
 
 @pytest.mark.parametrize("value,error", [("drop", ValueError), ("", ValueError), (None, TypeError),
@@ -223,7 +253,8 @@ def test_max_batch_size_quantile_is_one_more_than_the_binomial_quantile(n, q, qu
     assert sampler.overflow_probability <= 1 - quantile
     init, get_batch = poisson_batchify_data(np.zeros(n), q, max_batch_size=np.float64(quantile))
     assert get_batch.sampler.max_batch_size == expected
-    (batch, mask) = get_batch(0, init(d3p.random.PRNGKey(0))[1])
+    # the batch's shape, traced without compiling a program per case
+    (batch, mask) = jax.eval_shape(get_batch, 0, init(d3p.random.PRNGKey(0))[1])
     assert batch.shape == mask.shape == (expected,)
 
 
@@ -232,12 +263,12 @@ def test_max_batch_size_quantile_keeps_d3p_02_value():
     assert stats.binom.ppf(0.9, 310, 0.1) == 38
     init, get_batch = poisson_batchify_data(np.zeros(310), 0.1, max_batch_size=0.9)
     assert get_batch.sampler.max_batch_size == 39
-    assert get_batch(0, init(d3p.random.PRNGKey(0))[1])[1].shape == (39,)
+    assert jax.eval_shape(get_batch, 0, init(d3p.random.PRNGKey(0))[1])[1].shape == (39,)
 
 
-def test_max_batch_size_quantile_matches_the_empirical_batch_sizes():
-    sampler = PoissonSampler(200, 0.05, 0.8, "suppress")
-    _, mask = draw_many(sampler, 4000, seed=7)
+def test_max_batch_size_quantile_matches_the_empirical_batch_sizes(draws):
+    sampler = QUANTILE_SAMPLER
+    _, mask = draws["quantile"]
     kept = mask.any(axis=1).sum()  # K <= m (and K > 0), P(K = 0) = 3.5e-5
     assert _rate_matches(kept, stats.binom.cdf(sampler.max_batch_size, 200, 0.05), 4000)
     assert stats.binom.cdf(sampler.max_batch_size - 1, 200, 0.05) >= 0.8
