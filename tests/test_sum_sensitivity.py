@@ -144,11 +144,15 @@ def neighbour_gaps(case: str, records: np.ndarray, C: float):
     return tuple(float(np.linalg.norm(full - x)) / C for x in (masked, removed, substituted))
 
 
+@functools.lru_cache(maxsize=None)
 def _adversarial(B, d, C):
     """``(B, d)`` records: independent greedy constructions per coordinate,
-    scaled so that every record has norm below ``C``."""
+    scaled so that every record has norm below ``C`` (built once per
+    arguments, a few seconds each: read-only)."""
     cols = [greedy_records(B, C / np.sqrt(d), seed=k) for k in range(d)]
-    return np.stack(cols, axis=1).astype(F32)
+    records = np.stack(cols, axis=1).astype(F32)
+    records.flags.writeable = False
+    return records
 
 
 #: The default step's strategies; the slow step runs every case of CASES.

@@ -29,8 +29,15 @@ def guide(xs, ys, N):
     pass
 
 
-@pytest.mark.parametrize("strategy,noise", [("vmap", "gaussian"), ("chunked", "gaussian"), ("scan", "gaussian"),
-                                            ("ghost", "gaussian"), ("scan", "discrete")])
+#: The default step: one per code path (per-record gradients at once, ghost
+#: norms, a loop over chunks with the discrete mechanism); the slow step adds
+#: the other loops with the Gaussian one.
+CASES = [("vmap", "gaussian"), ("ghost", "gaussian"), ("scan", "discrete"),
+         pytest.param("chunked", "gaussian", marks=pytest.mark.slow),
+         pytest.param("scan", "gaussian", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("strategy,noise", CASES)
 def test_a_step_closed_over_state_and_data_releases_the_same_sum(strategy, noise):
     rng = np.random.default_rng(0)
     xs = rng.normal(size=(12, 5)).astype(np.float32)
