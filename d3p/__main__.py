@@ -145,8 +145,11 @@ def _evaluate(parser: argparse.ArgumentParser, compute: Callable, *args, **kwarg
 
 
 def _run_sigma(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from d3p import dputil
+
     acc = _accounting(args, parser)
-    sigma, eps, _ = _evaluate(parser, acc.calibrate, args.epsilon, args.delta, args.q, args.steps,
+    sigma, eps, _ = _evaluate(parser, dputil.calibrate_sigma, args.epsilon, args.delta, args.q, args.steps,
+                              sampler=args.sampling, relation=args.relation, noise=args.noise,
                               accountant=args.accountant)
     print(f"sigma={sigma:.6g} (epsilon={eps:.6g} <= {args.epsilon:g} at delta={args.delta:g}, "
           f"q={args.q:g}, steps={args.steps}, relation={_display(acc)}, "

@@ -435,13 +435,11 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     * ``"marginal"``: a graphical model fitted to noisy, privately chosen
       marginal tables (:mod:`d3p.twin.marginal`; the Gaussian and exponential
       mechanisms in one zCDP budget, converted to (ε, δ));
-    * ``"mixture"``: calibrate σ for (ε, δ, q, T) with the accounting of the
-      sampler (:func:`d3p.accounting.accounting_for`), initialise model and
-      guide on public placeholder records and run :meth:`d3p.svi.DPSVI.run`
-      with that σ and sampler for T steps; the model is :class:`MixtureModel`
-      or a user ``model`` following the contract of :mod:`d3p.twin.model`, the
-      guide :class:`MixtureGuide` for the default model, else
-      :class:`~numpyro.infer.autoguide.AutoDiagonalNormal`.
+    * ``"mixture"``: calibrate σ for (ε, δ, q, T) with the accounting of the sampler
+      (:func:`d3p.accounting.accounting_for`), initialise on public placeholder records and run
+      :meth:`d3p.svi.DPSVI.run` with that σ and sampler for T steps; the model is :class:`MixtureModel`
+      or a user ``model`` following the contract of :mod:`d3p.twin.model`, the guide
+      :class:`MixtureGuide` for the default model, else :class:`~numpyro.infer.autoguide.AutoDiagonalNormal`.
 
     :param pandas.DataFrame data: the private table (never modified, never
         stored).
@@ -471,34 +469,29 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     :param target: column(s) a downstream model will predict (public): the marginal
         family spends a third of its rounds on tables holding it; the mixture ignores it.
     :param bool progress_bar: show the progress of the fit.
-    :param ledger: a :class:`d3p.ledger.PrivacyLedger` of the data set's
-        releases: the twin's release is refused before the fit if it would
-        pass the ledger's budget, and recorded in it once fitted (the
-        mixture's DP-VI steps, or the marginal twin's total ρ as a zCDP
-        release).
+    :param ledger: a :class:`d3p.ledger.PrivacyLedger`: the twin is refused before the fit if it would
+        pass its budget, and its release recorded once fitted (DP-VI steps, or the total ρ as zCDP).
     :return: :class:`TwinResult`.
     :raises TwinInputError: on an unusable schema, and only where the schema
         is inferred (outside ε) on unusable data; never for a record's value.
     :raises ValueError: on invalid arguments (named in the message).
 
-    **Formal guarantees.** Given the schema S and N, the released parameters
-    (and every table generated from them) are (ε, δ)-DP under the relation of
-    ``sampling``. Mixture: ε from the accountant for the sampler used, δ with
-    the Poisson padding-overflow term; the data enter only through
-    :meth:`Schema.encode` (per record, silent) into :meth:`DPSVI.run`.
-    Marginal: :func:`d3p.twin.marginal.fit_marginals` (zCDP). S is NOT private where read
-    from the data (``privacy["not_covered"]``); N is public; ``epsilon=inf`` is
-    not private, nor is ``TwinResult.losses``.
+    **Formal guarantees.** Given the schema S and N, the released parameters (and every table generated
+    from them) are (ε, δ)-DP under the relation of ``sampling``. Mixture: ε from the accountant for the
+    sampler used, δ with the Poisson padding-overflow term; the data enter only through
+    :meth:`Schema.encode` (per record, silent) into :meth:`DPSVI.run`. Marginal:
+    :func:`d3p.twin.marginal.fit_marginals` (zCDP). S is NOT private where read from the data
+    (``privacy["not_covered"]``); N is public; ``epsilon=inf`` is not private, nor is ``TwinResult.losses``.
     """
     t0 = time.monotonic()
     epsilon, key, sampling, clipping_threshold, learning_rate, target, family = _check_arguments(
         data, epsilon, rng_key, sampling, clipping_threshold, learning_rate, model, guide, target, family)
     schema = infer_schema(data, schema, max_levels=max_levels)
     x = schema.encode(data)
-    dpvi_settings = (model, num_components, num_steps, q, optimizer)
     if ledger is not None and not isinstance(ledger, PrivacyLedger):
         raise TypeError(f"Expected ledger to be a d3p.ledger.PrivacyLedger, got {type(ledger).__name__}.")
-    if _resolve_family(family, schema, x.shape[0], epsilon, delta, dpvi_settings) == "marginal":
+    if _resolve_family(family, schema, x.shape[0], epsilon, delta,
+                       (model, num_components, num_steps, q, optimizer)) == "marginal":
         return _fit_marginal(schema, x, epsilon, delta, key, sampling, progress_bar, t0, target, ledger)
     plan = _privacy_plan(x.shape[0], epsilon, delta, q, num_steps, sampling, accountant)
     return _fit_mixture(schema, x, plan, key, model, guide, num_components, clipping_threshold, learning_rate,
