@@ -16,8 +16,12 @@ JAX transformation are not, and NaN is never accepted.
 """
 
 import argparse
+import functools
+import inspect
 import math
 import numbers
+import re
+import warnings
 from typing import Callable, Iterable, Mapping, Optional, Tuple, TypeVar, Union
 
 import numpy as np
@@ -230,8 +234,6 @@ def cli(check: Callable, *args, integral: bool = False, **kwargs) -> Callable[[s
 def _unwrapped(fn):
     """``fn`` without the wrappers that hide the user's function: NumPyro
     handlers (their ``fn``) and :func:`functools.partial`."""
-    import functools
-
     from numpyro.primitives import Messenger
 
     for _ in range(100):   # a bound on wrappers wrapping themselves
@@ -252,7 +254,6 @@ def _display_name(fn) -> str:
 
 def _codes(fn) -> set:
     """The code objects whose frames are ``fn`` running."""
-    import inspect
 
     fn = _unwrapped(fn)
     if inspect.ismethod(fn):
@@ -268,7 +269,6 @@ def _call_problem(fn, num_args: int, keywords: Iterable[str]) -> Optional[str]:
     """Why ``fn`` cannot be called with ``num_args`` positional arguments and
     the keyword arguments ``keywords`` (from its signature), or None if it can
     or its signature is unknown."""
-    import inspect
 
     try:
         signature = inspect.signature(_unwrapped(fn))
@@ -379,7 +379,6 @@ def warn_if_all_noise(dp_scale: float, batch_size: float, clipping_threshold: fl
     per-record gradients can have (reached only when every record of the batch
     has the same gradient, of norm ``C``), i.e. when ``sigma >= B``. Public
     facts only. Returns whether it warned."""
-    import warnings
 
     if not (dp_scale > 0 and batch_size > 0 and dp_scale >= batch_size):
         return False
@@ -400,7 +399,6 @@ def warn_if_large_delta(name: str, delta: float, num_records: int, *, stacklevel
     """Warn (:class:`UserWarning`) when ``delta >= 1 / num_records``: a
     mechanism that publishes one record chosen at random in full satisfies
     (0, 1/N)-DP, so such a delta promises nothing. Returns whether it warned."""
-    import warnings
 
     if not (num_records >= 1 and delta * num_records >= 1):
         return False
@@ -439,7 +437,6 @@ def cli_option(check: Callable, *args, integral: bool = False, **kwargs) -> Call
 
 def _option_message(message: str, text: str) -> str:
     """``Expected the value to be WHAT, got the value=V.`` as ``expected WHAT, got 'TEXT'``."""
-    import re
 
     match = re.fullmatch(r"Expected the value to be (.*), got the value=.*\.", message, flags=re.S)
     return f"expected {match.group(1)}, got {text!r}" if match else message
@@ -473,7 +470,6 @@ def in_option_terms(message: str, options: Mapping[str, str],
     by ``=`` or preceded by ``Expected`` are rewritten, so that the rest of
     the message (column names, file names) stays as it was.
     """
-    import re
 
     values = values or {}
     for name, option in options.items():
