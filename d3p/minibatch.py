@@ -26,7 +26,10 @@ drawn before (earlier in the same block of draws or in an earlier block). If
 every uniform draw is kept only when new, each kept value is uniform over the
 values not yet kept, so the kept sequence is a uniform random sequence of
 distinct indices. The work is vectorised: a block of candidates is drawn at
-once and duplicates are found with one stable sort. Where N is well above B
+once and duplicates are found with one sort (of each value packed with its
+draw position into one word where both fit, see :func:`_first_occurrences`):
+which candidates are kept depends on the values only, not on how the sort
+finds them. Where N is well above B
 the block is large enough to hold B distinct values except with probability
 :data:`LOOP_FAILURE_PROBABILITY` (a few percent more words than B for
 ``N >> B``) and is the only one: no loop, which spares a GPU a host round trip
@@ -44,13 +47,17 @@ random bits, a draw needs more with probability at most
 :data:`LOOP_FAILURE_PROBABILITY` (``2**-64``) per batch (see
 :func:`_distinct_uniform_draws_bound`). A draw that reaches its bound has
 not produced a batch of the sampler's distribution, which in practice means
-a broken random source: the batch is then never used silently. Called with
-concrete values, ``sample`` and ``get_batch`` raise :class:`SamplingError`
-(so does :meth:`d3p.svi.DPSVI.run`, after its compiled steps); inside a
-traced computation (``jit``, ``vmap``, ``lax.scan``) the computation fails
-at run time with a ``JaxRuntimeError`` carrying the same
-message, and the batch it would have returned is empty (mask all False,
-every index the out-of-range value ``2**31 - 1``). Conditioned on not
+a broken random source: the batch is then never used as if it were one.
+Called with concrete values, ``sample`` and ``get_batch`` raise
+:class:`SamplingError` (so does :meth:`d3p.svi.DPSVI.run`, after its
+compiled steps, and a run traced as a whole fails at run time). Inside a
+traced computation (``jit``, ``vmap``, ``lax.scan``) ``sample`` and
+``get_batch`` return the batch emptied: mask all False and every index the
+out-of-range value ``2**31 - 1``, which ``jnp.take`` (and so
+``get_batch``) turns into fill values (NaN for floating-point records). The
+compiled draw holds no host callback, which would cost a GPU a host round
+trip per batch and cannot be lowered for one without it; an empty batch adds
+nothing but noise to a DP-VI step. Conditioned on not
 reaching the bound, the output distribution is exactly the one stated (the
 event depends only on the random bits and is invariant under relabelling the
 records), and reaching it depends on no data, so the failure itself reveals
@@ -87,6 +94,7 @@ from jax.experimental import io_callback
 import d3p.random
 from d3p import _validate
 from d3p import _sampling
+from d3p.random import _keystream
 from d3p.random._common import mulhi_u32
 
 __all__ = [
@@ -143,9 +151,10 @@ class SamplingError(RuntimeError):
     With a working random source this happens with probability at most
     :data:`LOOP_FAILURE_PROBABILITY` per batch; in practice it means that the
     PRNG suite is broken (e.g. returns constant words). The batch is not of the
-    sampler's distribution and is never returned for use. Inside a traced
-    computation the failure surfaces as a ``jax.errors.JaxRuntimeError`` with
-    this error's message.
+    sampler's distribution and is never returned for use: a traced ``sample``
+    returns an empty batch with out-of-range indices instead (see the module
+    docstring), and :meth:`d3p.svi.DPSVI.run` traced as a whole fails at run
+    time with a ``jax.errors.JaxRuntimeError`` carrying this error's message.
     """
 
 Dataset = Union[jax.typing.ArrayLike, Sequence[jax.typing.ArrayLike]]
@@ -342,6 +351,48 @@ def _uniform_indices_max_iterations(num: int, num_records: int) -> int:
     return int(math.ceil(t)) + 1
 
 
+def _first_occurrences(pool: jax.Array, num_records: int) -> jax.Array:
+    """Which entries of ``pool`` (int32 values in ``[0, num_records)``, or
+    ``_SENTINEL`` for none) hold the first occurrence of their value in
+    ``pool``'s order, sentinels excluded: a bool array of ``pool``'s shape.
+
+    With ``v`` bits for a value (``num_records.bit_length()``, the all-ones
+    code standing for the sentinel) and ``p`` bits for a position, where
+    ``v + p <= 32``, each entry is packed into one uint32 word ``value << p |
+    position`` and the words are sorted once: equal values become adjacent and
+    in pool order, so an entry is a first occurrence iff its value differs from
+    its predecessor's in the sorted order. XLA:CPU sorts a single array of
+    words several times faster than it sorts values with their positions
+    (a comparator called per comparison). Otherwise the values alone are
+    sorted, each entry finds the start of its value's run by binary search,
+    and the smallest position that lands on a run start (a scatter-min) is its
+    first occurrence. Both give the same answer, which depends on the values
+    only.
+    """
+    n = pool.shape[0]
+    positions = jnp.arange(n, dtype=jnp.uint32)
+    value_bits, position_bits = int(num_records).bit_length(), max(int(n - 1).bit_length(), 1)
+    if value_bits + position_bits <= 32:
+        none = np.uint32(2**value_bits - 1)  # above every value: num_records <= 2**value_bits - 1
+        values = jnp.where(pool == _SENTINEL, none, pool.astype(jnp.uint32))
+        words = lax.sort((values << np.uint32(position_bits)) | positions, is_stable=False)
+        sorted_values = words >> np.uint32(position_bits)
+        sorted_positions = words & np.uint32(2**position_bits - 1)
+        first = jnp.concatenate([jnp.ones((1,), bool), sorted_values[1:] != sorted_values[:-1]])
+        first = first & (sorted_values != none)
+        return jnp.zeros(n, bool).at[sorted_positions].set(first, unique_indices=True)
+    sorted_values = lax.sort(pool, is_stable=False)
+    # a loop of log2(n) steps on CPU; written out where a loop costs a host round trip
+    start = _keystream.per_platform(
+        lambda s, v: jnp.searchsorted(s, v, side="left", method="scan"),
+        lambda s, v: jnp.searchsorted(s, v, side="left", method="scan_unrolled"),
+        sorted_values, pool,
+    ).astype(jnp.int32)
+    positions = positions.astype(jnp.int32)
+    earliest = jnp.full((n,), n, jnp.int32).at[start].min(positions)
+    return (earliest[start] == positions) & (pool != _SENTINEL)
+
+
 def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> Tuple[jax.Array, jax.Array]:
     """An exactly uniform random sequence of ``num`` distinct indices in ``[0, num_records)``.
 
@@ -356,10 +407,11 @@ def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> Tuple[j
     loop costs a GPU a host round trip per iteration); otherwise blocks are
     drawn in a ``lax.while_loop`` until the sequence is complete, at most
     :func:`_distinct_uniform_max_iterations` times. Either way the outcome
-    is the first ``num`` distinct accepted candidates in draw order, and
-    whether it is complete depends only on which candidates coincide or are
-    rejected, an event invariant under relabelling the records, so
-    conditioned on completion the sequence is exactly uniform.
+    is the first ``num`` distinct accepted candidates in draw order
+    (:func:`_first_occurrences` of the values found so far followed by the
+    block), and whether it is complete depends only on which candidates
+    coincide or are rejected, an event invariant under relabelling the
+    records, so conditioned on completion the sequence is exactly uniform.
 
     Returns ``(indices, ok)``: ``ok`` is False if the sequence is not
     complete, and then ``indices`` is not a valid batch.
@@ -367,36 +419,40 @@ def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> Tuple[j
     single = _single_pass_draws(num, num_records)
     block = _draw_block_size(num, num_records) if single is None else single
 
-    def draw(state):
-        found, count, t = state
+    def candidates(t):
         words = rng_suite.random_bits(rng_suite.fold_in(rng_key, t), 32, (block,))
         values, accepted = _uniform_below(words, num_records)
-        cand = jnp.where(accepted, values, _SENTINEL)
-        # a candidate is new iff it is the first occurrence of its value among
-        # (already found values, then candidates in draw order): stable sort
-        pool = jnp.concatenate([found, cand])
-        order = jnp.argsort(pool, stable=True)
-        sorted_pool = pool[order]
-        first = jnp.concatenate([jnp.ones((1,), bool), sorted_pool[1:] != sorted_pool[:-1]])
-        new_sorted = first & (sorted_pool != _SENTINEL)
-        new = jnp.zeros(num + block, bool).at[order].set(new_sorted)[num:]
+        return jnp.where(accepted, values, _SENTINEL)
+
+    def keep(found, count, cand, new):
+        """The new candidates appended, in draw order, to the ``count`` found."""
         slot = count + jnp.cumsum(new.astype(jnp.int32)) - 1
         slot = jnp.where(new & (slot < num), slot, num)
         found = found.at[slot].set(cand, mode="drop")
         # int32 throughout (jnp.sum widens to int64 under jax_enable_x64)
-        count = jnp.minimum(count + jnp.sum(new, dtype=jnp.int32), num).astype(jnp.int32)
+        return found, jnp.minimum(count + jnp.sum(new, dtype=jnp.int32), num).astype(jnp.int32)
+
+    empty = jnp.full((num,), _SENTINEL, jnp.int32)
+    if single is not None:
+        cand = candidates(jnp.uint32(0))
+        found, count = keep(empty, jnp.int32(0), cand, _first_occurrences(cand, num_records))
+        return found, count == num
+
+    def draw(state):
+        found, count, t = state
+        cand = candidates(t)
+        # a candidate is new iff it is the first occurrence of its value among
+        # (already found values, then candidates in draw order)
+        new = _first_occurrences(jnp.concatenate([found, cand]), num_records)[num:]
+        found, count = keep(found, count, cand, new)
         return found, count, t + 1
 
-    init = (jnp.full((num,), _SENTINEL, jnp.int32), jnp.int32(0), jnp.uint32(0))
-    if single is not None:
-        found, count, _ = draw(init)
-        return found, count == num
     max_iterations = _distinct_uniform_max_iterations(num, num_records, block)
 
     def cond(state):
         return (state[1] < num) & (state[2] < max_iterations)
 
-    found, count, _ = lax.while_loop(cond, draw, init)
+    found, count, _ = lax.while_loop(cond, draw, (empty, jnp.int32(0), jnp.uint32(0)))
     return found, count == num
 
 
@@ -590,7 +646,8 @@ class _FixedBatchSampler:
         :param rng_key: a key of ``rng_suite`` (secret, fresh for every batch).
         :param rng_suite: PRNG suite, :mod:`d3p.random` (default) or :mod:`d3p.random.debug`.
         :return: ``(indices int32[B], mask bool[B])``; the mask is all True.
-        :raises SamplingError: if the random source is broken (see the module docstring).
+        :raises SamplingError: if the random source is broken (called with
+            concrete values; traced, the batch is returned empty, see the module docstring).
         """
         return _sample(self, rng_key, _validate.rng_suite("rng_suite", rng_suite))
 
@@ -791,7 +848,8 @@ class PoissonSampler:
             ``mask[j]`` is True for the real records, which come first:
             ``min(K, max_batch_size)`` of them, or none if ``K >
             max_batch_size`` and ``handle_oversized_batch="suppress"``.
-        :raises SamplingError: if the random source is broken (see the module docstring).
+        :raises SamplingError: if the random source is broken (called with
+            concrete values; traced, the batch is returned empty, see the module docstring).
         """
         return _sample(self, rng_key, _validate.rng_suite("rng_suite", rng_suite))
 
@@ -913,6 +971,10 @@ def _sample(sampler, rng_key, rng_suite, i=None):
         indices, mask, ok = _sample_jit(sampler, rng_key, rng_suite)
     else:
         indices, mask, ok = _sample_batch_jit(sampler, rng_key, i, rng_suite)
+    if isinstance(ok, jax.core.Tracer):
+        # inside jit/vmap/scan: no host callback; a failed batch is already
+        # empty, with out-of-range indices (_draw_checked)
+        return indices, mask
     return _require(ok, (indices, mask), _failure_message(repr(sampler)))
 
 

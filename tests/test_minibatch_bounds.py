@@ -1,9 +1,10 @@
-"""Tests of d3p.minibatch: every sampler loop is bounded, and a broken random source fails loudly.
+"""Tests of d3p.minibatch: every sampler loop is bounded, and a broken random source is never a batch.
 
 A PRNG suite whose ``random_bits`` returns one constant word never yields B
 distinct indices (or, for a rejected word, any index at all). The samplers
-must then stop and raise instead of hanging, and never hand out a batch that
-is not of their distribution. The runs with a broken suite happen in a
+must then stop instead of hanging, raise where called with concrete values,
+and never hand out a batch that is not of their distribution (traced, the
+batch is empty with out-of-range indices). The runs with a broken suite happen in a
 subprocess with a timeout, so that a regression fails the test instead of
 hanging the test run.
 """
@@ -66,9 +67,12 @@ BROKEN_SCRIPT = textwrap.dedent(r'''
         return jax.jit(jax.vmap(one))(jnp.stack([key, key]))
 
     def scan_in_vmap(sampler, suite):
+        # per lane: (records in the batches, smallest index drawn)
         def one(k):
-            step = lambda c, t: (c + sampler.sample(suite.fold_in(k, t), suite)[0].sum(), None)
-            return lax.scan(step, 0, jnp.arange(3, dtype=jnp.uint32))[0]
+            def step(c, t):
+                indices, mask = sampler.sample(suite.fold_in(k, t), suite)
+                return (c[0] + mask.sum(), jnp.minimum(c[1], indices.min())), None
+            return lax.scan(step, (0, 2**31 - 1), jnp.arange(3, dtype=jnp.uint32))[0]
         return jax.jit(jax.vmap(one))(jnp.stack([key, key]))
 
     def get_batch(batchify, traced):
@@ -103,13 +107,16 @@ BROKEN_SCRIPT = textwrap.dedent(r'''
         "feistel": lambda: sorted(np.asarray(minibatch.feistel_permutation(
             key, jnp.arange(10), 10, rng_suite=ACCEPTED)).tolist()),
     }
+    VALUES = ("failed_batch", "feistel", "fixed_jit", "poisson_jit_vmap", "with_replacement_jit", "scan_in_vmap",
+              "get_batch_jit")
     out = {}
     for name in json.loads(sys.argv[1]):
         case = cases[name]
         try:
             value = case()
             jax.block_until_ready(value)
-            out[name] = {"raised": None, "value": value if name in ("failed_batch", "feistel") else None}
+            out[name] = {"raised": None, "value": jax.tree.map(lambda a: np.asarray(a).tolist(), value)
+                         if name in VALUES else None}
         except Exception as e:
             out[name] = {"raised": type(e).__name__, "message": str(e)}
     print("RESULT" + json.dumps(out))
@@ -164,9 +171,33 @@ def test_broken_random_source_raises_at_the_python_boundary(result, case):
     assert "iteration bound" in result["message"] and "broken" in result["message"]
 
 
-@pytest.mark.parametrize("case", cases("fixed_jit", "poisson_jit_vmap", "with_replacement_jit", "scan_in_vmap",
-                                       "get_batch_jit", "dpsvi_run_jit_vmap"))
-def test_broken_random_source_fails_a_traced_computation(result, case):
+SENTINEL = 2**31 - 1
+
+
+@pytest.mark.parametrize("case", ["fixed_jit", "poisson_jit_vmap", "with_replacement_jit"])
+def test_broken_random_source_gives_a_traced_sample_an_empty_batch(result, case):
+    # no host callback in a compiled draw: the failed batch is empty, every index out of range
+    assert result["raised"] is None, result
+    indices, mask = (np.asarray(a) for a in result["value"])
+    assert indices.size and (indices == SENTINEL).all() and not mask.any()
+
+
+def test_broken_random_source_in_a_scan_in_vmap_gives_empty_batches(broken_runs):
+    result = broken_runs["scan_in_vmap"]
+    assert result["raised"] is None, result
+    records, smallest = result["value"]
+    assert records == [0, 0] and smallest == [SENTINEL, SENTINEL]
+
+
+def test_broken_random_source_gives_a_traced_get_batch_fill_values(broken_runs):
+    # the out-of-range indices gather NaN records: never a real record in place of a batch
+    result = broken_runs["get_batch_jit"]
+    assert result["raised"] is None, result
+    assert len(result["value"]) == 3 and all(v != v for v in result["value"])
+
+
+@pytest.mark.parametrize("case", cases("dpsvi_run_jit_vmap"))
+def test_broken_random_source_fails_a_traced_run(result, case):
     assert result["raised"] == "JaxRuntimeError", result
     assert "SamplingError" in result["message"] and "iteration bound" in result["message"]
 
