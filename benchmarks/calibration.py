@@ -36,7 +36,7 @@ import numpy as np
 
 from d3p import accounting
 from d3p._accounting._window import phase_stats
-from d3p.dputil import calibrate_sigma
+from d3p.dputil import _calibrate_cached, calibrate_sigma
 
 DELTA = 1e-5
 HEADLINE = (1.0, 0.01, 2000)
@@ -51,7 +51,10 @@ CALIBRATORS = {
 
 
 def _clear_caches():
-    phase_stats.cache_clear()  # every timing starts cold
+    # every timing starts cold
+    phase_stats.cache_clear()
+    accounting.clear_cache()
+    _calibrate_cached.cache_clear()
 
 
 def _baseline(label, sigma, q, steps):

@@ -21,13 +21,14 @@ Pick the function that matches the batch sampler of the run:
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Callable, NamedTuple, Optional, Tuple
 
 from d3p import _validate
 from d3p import accounting as _acc
-from d3p._accounting import _engine, _fourier, _gaussian, _package, _rdp
+from d3p._accounting import _dominating, _engine, _gaussian, _rdp
 from d3p._accounting._search import safe_root
 from d3p.accounting import ADD_REMOVE, SUBSTITUTE, Phase
 
@@ -73,24 +74,18 @@ def _smallest_sigma(eps_fn: Callable[[float], float], target: float, lo: float, 
 
 
 class _Verified:
-    """The verified accountant for one search: ε of σ, with the number of FFT
-    compositions made and the grid that certified the last value."""
+    """The accountant for one search: ε of σ (an upper bound, see
+    :func:`d3p.accounting.compute_epsilon`), with the number of evaluations made."""
 
     def __init__(self, pair: str, q: float, num_iter: int, delta: float, accountant: str, deadline: float):
         self.pair, self.q, self.num_iter, self.delta = pair, q, num_iter, delta
         self.accountant, self.deadline = accountant, deadline
         self.evals = 0
-        self.grid = None
 
     def __call__(self, sigma: float) -> float:
-        """ε of σ (the cross-check with the fourier-accountant package is made
-        once, for the σ that is returned, on the grid that certified it)."""
-        grid = {}
-        res = _engine.epsilon(self.pair, [Phase(sigma, self.q, self.num_iter)], self.delta, self.accountant,
-                              deadline=self.deadline, package_check=False, grid_out=grid)
-        self.evals += res.num_evals
-        self.grid = grid if res.engine == "exact" else None
-        return res.value
+        """ε of σ."""
+        self.evals += 1
+        return _engine.epsilon(self.pair, [Phase(sigma, self.q, self.num_iter)], self.delta, self.accountant).value
 
 
 def _secant_slope(pts, slope: float) -> float:
@@ -106,16 +101,18 @@ def _secant_slope(pts, slope: float) -> float:
 
 
 def _coarse_search(verified: _Verified, target_eps, s0, aim, slope, max_steps: int = 8):
-    """Secant search on log σ with unverified one-grid estimates
-    (:func:`d3p._accounting._fourier.estimate`); returns (σ, slope) to start
-    the verified search from."""
+    """Secant search on log σ with the coarse grid's ε
+    (:func:`d3p._accounting._dominating.estimate`, an upper bound too, looser
+    and cheaper); returns (σ, slope) to start the search with the full
+    accountant from."""
     u, pts = math.log(s0), []
     for _ in range(max_steps):
         if time.monotonic() > verified.deadline:
             break
         try:
-            e = _fourier.estimate(verified.pair, [Phase(math.exp(u), verified.q, verified.num_iter)],
-                                  verified.delta)
+            phases = [Phase(math.exp(u), verified.q, verified.num_iter)]
+            e = _dominating.estimate(verified.pair, phases, verified.delta,
+                                     guess=_rdp.epsilon(verified.pair, phases, verified.delta))
         except (ValueError, FloatingPointError, OverflowError, MemoryError):  # pragma: no cover
             e = None
         verified.evals += 1
@@ -134,11 +131,10 @@ def _coarse_search(verified: _Verified, target_eps, s0, aim, slope, max_steps: i
 
 
 class _Found(NamedTuple):
-    """The smallest σ a verified search accepted, with its ε and certifying grid."""
+    """The smallest σ a search accepted, with its ε."""
 
     sigma: float
     eps: float
-    grid: Optional[dict]
 
 
 def _next_u(u: float, g: float, slope: float, aim: float, lo, hi) -> float:
@@ -163,8 +159,8 @@ def _verified_search(verified: _Verified, target_eps, s0, slope, tol, max_evals)
     evaluated σ meets the target.
 
     A safeguarded secant rather than :func:`scipy.optimize.brentq` (which the
-    other searches use, through ``safe_root``): every evaluation is a
-    verified FFT composition, so the search stops at the first σ whose ε
+    other searches use, through ``safe_root``): every evaluation is an FFT
+    composition, so the search stops at the first σ whose ε
     lands in the accepted window ``[target (1 - tol), target]`` instead of
     refining towards the root, and it keeps to an evaluation budget and a
     deadline, returning the best verified σ found when either runs out."""
@@ -178,7 +174,7 @@ def _verified_search(verified: _Verified, target_eps, s0, slope, tol, max_evals)
         pts.append((u, g))
         if g <= 0:
             if hi is None or u < hi[0]:
-                hi, found = (u, g), _Found(math.exp(u), e, verified.grid)
+                hi, found = (u, g), _Found(math.exp(u), e)
         elif lo is None or u > lo[0]:
             lo = (u, g)
         if hi is not None and (hi[1] >= accept or (lo is not None and hi[0] - lo[0] <= math.log1p(tol))):
@@ -256,6 +252,15 @@ def _calibrate(
     max_time = _validate.positive("max_time", max_time)
     max_evals = _acc._steps("max_evals", max_evals, minimum=1)
     accountant = _acc._accountant(accountant)
+    return _calibrate_cached(accounting, target_eps, delta, q, num_iter, tol, max_time, max_evals, accountant)
+
+
+@functools.lru_cache(maxsize=1024)
+def _calibrate_cached(accounting, target_eps, delta, q, num_iter, tol, max_time, max_evals,
+                      accountant) -> Tuple[float, float, int]:
+    """:func:`_calibrate` for validated inputs, memoised per process on all of
+    them (a second ``DPSVI.run(epsilon=...)`` with the same plan calibrates
+    nothing); the number of evaluations is that of the first call."""
     if accounting.noise == "discrete":
         return _discrete_calibration(accounting, target_eps, delta, q, num_iter, tol)
     sigma, eps, evals = _calibrate_pair(accounting.pair, target_eps, delta, q, num_iter, tol=tol,
@@ -268,10 +273,10 @@ def _calibrate_pair(pair, target_eps, delta, q, num_iter, *, tol, max_time, max_
     ``pair`` that meets (``target_eps``, ``delta``), for validated inputs.
 
     No noise if the record is used with probability ≤ δ; q = 1 by the closed
-    form; otherwise a central-limit start, a coarse search on cheap estimates
-    (Fourier accountant), then the verified search, whose σ is cross-checked
-    with the fourier-accountant package on its certifying grid. Where no σ
-    is verified (budget, disagreement), the RDP calibration is returned.
+    form; otherwise a central-limit start, a coarse search on cheap bounds
+    (the Fourier accountant's coarse grid), then the search with the full
+    accountant. Where it finds no σ (budget, deadline), the RDP calibration
+    is returned.
     """
     # σ = 0 already meets the target if the record is used with prob. ≤ δ.
     if -math.expm1(num_iter * math.log1p(-q) if q < 1 else -math.inf) <= delta:
@@ -286,12 +291,9 @@ def _calibrate_pair(pair, target_eps, delta, q, num_iter, *, tol, max_time, max_
     slope = -1.5            # d log ε / d log σ, refined from the points
     if accountant == "fourier":
         # only the coarse search's end point is carried over: every σ
-        # returned is evaluated by the verified accountant
+        # returned is evaluated by the full accountant
         s0, slope = _coarse_search(verified, target_eps, s0, math.log1p(-tol / 2), slope)
     found = _verified_search(verified, target_eps, s0, slope, tol, max_evals)
-    if found is not None and found.grid is not None and not _package.agrees(
-            pair, [Phase(found.sigma, q, num_iter)], found.eps, delta, found.grid["nx"], found.grid["L"]):
-        found = None   # a disagreement with the package: the RDP calibration instead
     if found is not None:
         return found.sigma, found.eps, verified.evals
     sigma, eps, n_rdp = _rdp_calibration(pair, target_eps, delta, q, num_iter, s0, tol)
@@ -378,8 +380,8 @@ def approximate_sigma(target_eps: float, delta: float, q: float, num_iter: int, 
     :return: ``(sigma, eps, num_evals)``: the noise multiplier, the ε it
         achieves at ``delta`` (by the accountant and rules of
         :func:`d3p.accounting.compute_epsilon`), and the number of accountant
-        evaluations made (FFT compositions, or accountant calls for
-        ``"rdp"``/``"pld"``).
+        evaluations made (coarse-grid bounds and full evaluations; those of
+        the first call, as the result is cached per process).
 
     **Formal guarantees** (substitute relation, fixed-size sampling without
     replacement, Gaussian noise of std σ·C on the sum of per-record
@@ -394,13 +396,13 @@ def approximate_sigma(target_eps: float, delta: float, q: float, num_iter: int, 
       and, with the Fourier accountant, within 0.5% of the smallest σ meeting
       the target (checked against dp-accounting's PLD accountant in the
       tests, called directly with a ``PoissonSampledDpEvent`` of a Gaussian
-      with noise multiplier σ/2). Where the Fourier accountant cannot verify
-      a value, the RDP bound is used and σ can be larger (safe, not optimal).
+      with noise multiplier σ/2). Where the Fourier accountant's window holds
+      no value, the RDP bound is used and σ can be larger (safe, not optimal).
     * If the record is used with probability 1 − (1 − q)^T ≤ δ, no noise is
       needed: returns ``(0.0, 0.0, 0)``.
     * q = 1: exact closed form of the Gaussian mechanism (sensitivity 2C).
     * No exception for valid inputs; bounded time (``max_time``, a grid cap
-      of 2^21 points and ``max_evals``). Invalid inputs raise ``ValueError``
+      of 2^22 points and ``max_evals``). Invalid inputs raise ``ValueError``
       naming the argument.
 
     >>> from d3p.dputil import approximate_sigma

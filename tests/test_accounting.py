@@ -13,8 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from d3p._accounting import _engine, _fourier, _package, _rdp
-from d3p.dputil import approximate_sigma
+from d3p._accounting import _dominating, _engine, _rdp
 from d3p.accounting import (
     ADD_REMOVE,
     SAMPLER_RELATIONS,
@@ -342,89 +341,161 @@ def test_pld_missing_gives_clear_import_error(monkeypatch):
 
 
 # --------------------------------------------------------------------------
-# internals: the fourier-accountant package cross-check, refinement is honoured
+# internals: the dominating discretisation, its composition and reading
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sigma,q,steps,delta", [
-    (1.0, 0.01, 2000, 1e-5), (0.8, 0.005, 20000, 1e-6), (3.0, 0.1, 512, 1e-6), (5.0, 0.5, 100, 1e-6),
-    (1.2, 0.02, 10000, 1e-7),
-])
-def test_package_agrees_with_certified_substitute(sigma, q, steps, delta):
-    # the package's public get_delta_S on the certifying grid, at the certified
-    # ε: within the check's tolerance and never far below (same distribution)
-    ph = [Phase(sigma, q, steps)]
-    res = _fourier.certified(SUBSTITUTE, ph, delta=delta)
-    d = _package.package_delta(SUBSTITUTE, ph, res.value, res.nx, res.L)
-    assert d is not None
-    assert 0.97 * delta <= d <= delta * (1 + _package.CHECK_RTOL)
-    assert _package.agrees(SUBSTITUTE, ph, res.value, delta, res.nx, res.L)
+def _one_step_delta(pair, sigma, q, eps):
+    """The exact δ(ε) of one step of the pair, from the Gaussians' tails:
+    P(L > ε) − e^ε Q(L > ε), the loss L increasing in t."""
+    from scipy import special
+    from d3p._accounting import _pair
+
+    t = float(_pair.inverse_loss(pair, sigma, q, np.array([eps]))[0])
+    p_sf = (1 - q) * special.ndtr(-t / sigma) + q * special.ndtr((1 - t) / sigma)
+    shift = 0.0 if pair == ADD_REMOVE else -1.0
+    q_sf = special.ndtr(-t / sigma) if pair == ADD_REMOVE else \
+        (1 - q) * special.ndtr(-t / sigma) + q * special.ndtr((shift - t) / sigma)
+    return p_sf - math.exp(eps) * q_sf
 
 
-def test_package_disagreement_falls_back_to_rdp(monkeypatch):
-    ph = [Phase(1.0, 0.01, 2000)]
-    tight = compute_epsilon(1.0, 0.01, 2000, 1e-5, sampler="poisson", relation=SUBSTITUTE)
-    tight_delta = compute_delta(1.0, 0.01, 2000, tight, sampler="poisson", relation=SUBSTITUTE)
-    # the package reports a δ 5% above the target at the certified ε
-    monkeypatch.setattr(_package, "package_delta", lambda rel, phases, eps, nx, L: 1.05e-5)
-    eps, _, engine, _ = _engine.epsilon(SUBSTITUTE, ph, 1e-5, "fourier")
-    assert engine == "rdp"
-    assert eps == pytest.approx(_rdp.epsilon(SUBSTITUTE, ph, 1e-5)) and eps > 1.02 * tight
-    assert compute_delta(1.0, 0.01, 2000, tight, sampler="poisson", relation=SUBSTITUTE) > 1.5 * tight_delta
-    # the calibration does not return a σ certified only by the disputed value
-    sigma, eps_s, _ = approximate_sigma(1.0, 1e-5, 0.01, 2000)
-    assert eps_s <= 1.0
-    assert _rdp.epsilon(SUBSTITUTE, [Phase(sigma, 0.01, 2000)], 1e-5) <= 1.0
-    # a package that cannot evaluate (an exception, or a δ that is not a
-    # probability) is no objection
-    for value in (None, 1e200):
-        monkeypatch.setattr(_package, "package_delta", lambda rel, phases, eps, nx, L: value)
-        assert compute_epsilon(1.0, 0.01, 2000, 1e-5, sampler="poisson", relation=SUBSTITUTE) == tight
-    # a disagreement on the certifying grid that a finer grid resolves is none
-    grids = []
-
-    def coarse_only(rel, phases, eps, nx, L):
-        grids.append(nx)
-        return 2e-5 if len(grids) == 1 else 0.99e-5
-
-    monkeypatch.setattr(_package, "package_delta", coarse_only)
-    assert compute_epsilon(1.0, 0.01, 2000, 1e-5, sampler="poisson", relation=SUBSTITUTE) == tight
-    assert len(grids) == 2 and grids[1] == 4 * grids[0]
+@pytest.mark.parametrize("pair, sigma, q", [(ADD_REMOVE, 1.0, 0.01), (SUBSTITUTE, 0.8, 0.05), (ADD_REMOVE, 0.5, 1.0)])
+def test_discrete_step_dominates_and_interpolates_the_profile(pair, sigma, q):
+    # connect the dots: the discrete pair's δ(ε) is at least the exact one at every ε (the
+    # chord of a convex profile), equal to it at the grid points, and the masses sum to one
+    h = 0.01
+    step = _dominating.step_pmf(pair, sigma, q, h, -400, 600)
+    x = (step.lo + np.arange(len(step.pmf))) * h
+    assert np.all(step.pmf >= 0) and step.pmf.sum() + step.p_inf == pytest.approx(1.0, abs=1e-12)
+    for eps in (0.0, 0.013, 0.2, 0.5, 1.0, 1.4999, 3.0, 5.0):
+        exact = _one_step_delta(pair, sigma, q, eps)
+        above = x > eps
+        discrete = float(np.sum(step.pmf[above] * -np.expm1(eps - x[above]))) + step.p_inf
+        assert discrete >= exact * (1 - 1e-9) - 1e-15, (eps, discrete, exact)
+        if abs(eps / h - round(eps / h)) < 1e-9:
+            assert discrete == pytest.approx(exact, rel=1e-6, abs=1e-14)
+        else:
+            assert discrete <= exact + 0.05 * h   # a chord over one cell
 
 
-def test_package_check_small_sigma_large_epsilon():
-    # σ = 0.45, q = 0.02, T = 300: the package's density sampling needs a
-    # finer grid than the certifying one (its δ there is 3.6 times the target)
-    eps, _, engine, _ = _engine.epsilon(SUBSTITUTE, [Phase(0.45, 0.02, 300)], 1e-5, "fourier")
-    assert engine == "exact"
-    assert eps == pytest.approx(compute_epsilon(0.45, 0.02, 300, 1e-5, sampler="poisson", relation=SUBSTITUTE, accountant="pld"),
-                                abs=pld_tol(eps))
+def test_tilted_composition_bounds_the_direct_convolution():
+    # the pmf read in the window (tilted FFT, round-off allowance, untilted) is at least the
+    # exact composition, computed by direct convolution, wherever δ is read (x > 0)
+    grid = _dominating.Grid(0.004, 2 ** 12, 8.0)
+    steps = _dominating._steps(ADD_REMOVE, [Phase(0.7, 0.05, 6)], grid)
+    direct = steps[0].pmf
+    for _ in range(5):
+        direct = np.convolve(direct, steps[0].pmf)
+    lo = 6 * steps[0].lo
+    for lam in (0.0, 3.0, 12.0):
+        comp = _dominating.compose(steps, [6], grid, lam)
+        idx = np.round(comp.x / grid.h).astype(int) - lo
+        keep = (comp.x > 0) & (idx < len(direct))
+        bound = comp.r[keep] * np.exp(comp.log_scale - lam * comp.x[keep])
+        assert np.all(bound >= direct[idx[keep]] * (1 - 1e-9)), lam
+        # and not loose where the mass is, at tilts that keep the tilted sum in the window
+        # (a larger tilt wraps it around: still an upper bound, a loose one)
+        big = direct[idx[keep]] > 1e-8
+        if lam == 0.0:
+            assert np.all(bound[big] <= direct[idx[keep]][big] * (1 + 1e-6) + 1e-12)
 
 
-def test_package_check_not_applied_under_add_remove(monkeypatch):
-    called = []
-    monkeypatch.setattr(_package, "package_delta", lambda *a: called.append(a) or 1.0)
-    tight = compute_epsilon(1.0, 0.01, 2000, 1e-5, relation=ADD_REMOVE)
-    assert not called and tight < _rdp.epsilon(ADD_REMOVE, [Phase(1.0, 0.01, 2000)], 1e-5)
+def _direct_composition(step, steps, hi):
+    """The ``steps``-fold sum of a step pmf by repeated squaring with direct
+    (FFT-free) convolution, all terms non-negative: (pmf, lowest index, mass at +∞);
+    sums above index ``hi`` go to +∞, below ``-hi`` to ``-hi``."""
+    def trunc(a, lo, inf):
+        k = lo + np.arange(len(a))
+        inf += float(a[k > hi].sum())
+        a, k = a[k <= hi], k[k <= hi]
+        if k[0] < -hi:
+            a = np.concatenate([[a[k < -hi].sum()], a[k >= -hi]])
+            lo = -hi - 1
+        return a, lo, inf
+
+    res, base = None, (step.pmf, step.lo, step.p_inf)
+    while steps:
+        if steps & 1:
+            res = base if res is None else trunc(np.convolve(res[0], base[0]), res[1] + base[1],
+                                                 1 - (1 - res[2]) * (1 - base[2]))
+        steps >>= 1
+        if steps:
+            base = trunc(np.convolve(base[0], base[0]), 2 * base[1], 1 - (1 - base[2]) ** 2)
+    return res
 
 
-def test_unverifiable_grid_falls_back_to_rdp():
-    # a grid cap too small to verify anything: the RDP bound is returned
-    eps, _, engine, _ = _engine.epsilon(
-        ADD_REMOVE, [Phase(1.0, 0.001, 100000)], 1e-5, "fourier", max_nx=2 ** 12)
-    assert engine == "rdp"
-    assert eps == pytest.approx(_rdp.epsilon(ADD_REMOVE, [Phase(1.0, 0.001, 100000)], 1e-5))
+@pytest.mark.parametrize("pair", RELATIONS)
+def test_tilted_fft_agrees_with_direct_convolution_at_small_delta(pair):
+    # δ = 1e-12, T = 4000: where a plain FFT's round-off swamps δ (and dp-accounting's PLD
+    # moves between 1.01 and 1.10 with its truncation settings), the tilted FFT's ε on a
+    # grid equals that of the same dominating pair composed without any FFT, never below it
+    h, nx, steps, delta = 1e-3, 2 ** 13, 4000, 1e-12
+    phase = Phase(1.0, 1e-3, steps)
+    grid = _dominating.Grid(h, nx, 1.0)
+    (step,) = _dominating._steps(pair, [phase], grid)
+    grid = grid._replace(mu=10.0)
+    fft = _dominating._best_tilt([step], [steps], grid, delta, 1.0)[0]
+    pmf, lo, p_inf = _direct_composition(step, steps, nx // 2 - 1)
+    comp = _dominating.Composed((lo + np.arange(len(pmf))) * h, pmf, 0.0, 0.0, p_inf)
+    direct = _dominating.read_epsilon(comp, delta, 0.0)
+    assert direct * (1 - 1e-9) <= fft <= direct * (1 + 1e-4), (fft, direct)
 
 
-def test_pmf_epsilon_reader_exact():
+def test_pmf_reader_exact():
     # two-point loss distribution: δ(ε) = p (1 − e^{ε − x1}) for ε < x1
     x = np.linspace(-4, 4, 9)
-    p = np.zeros(9)
-    p[4] = 0.9   # x = 0
-    p[7] = 0.1   # x = 3
-    eps = _fourier.eps_from_pmf(x, p, 0.05)
+    r = np.zeros(9)
+    r[4] = 0.9   # x = 0
+    r[7] = 0.1   # x = 3
+    comp = _dominating.Composed(x, r, 0.0, 0.0, 0.0)
+    eps = _dominating.read_epsilon(comp, 0.05, 0.0)
     assert 0.1 * (1 - math.exp(eps - 3)) == pytest.approx(0.05)
-    assert _fourier.delta_from_pmf(x, p, eps) == pytest.approx(0.05)
+    assert _dominating.read_delta(comp, eps) == pytest.approx(0.05)
+    # what lies at +∞ or above the window is added to δ
+    assert _dominating.read_delta(comp._replace(extra=0.01), eps) == pytest.approx(0.06)
+    assert _dominating.read_epsilon(comp._replace(extra=0.06), 0.05, 0.0) is None
+
+
+def test_no_value_in_the_window_falls_back_to_rdp(monkeypatch):
+    ph = [Phase(1.0, 0.001, 1000)]
+    monkeypatch.setattr(_dominating, "epsilon", lambda *a, **k: None)
+    eps, engine = _engine.epsilon(ADD_REMOVE, ph, 1e-5, "fourier")
+    assert engine == "rdp" and eps == pytest.approx(_rdp.epsilon(ADD_REMOVE, ph, 1e-5))
+
+
+# --------------------------------------------------------------------------
+# the cache
+# --------------------------------------------------------------------------
+
+
+def test_cache_returns_the_same_value_and_is_keyed_on_every_input(monkeypatch):
+    from d3p import accounting
+
+    calls = []
+    monkeypatch.setattr(accounting, "_CACHE", type(accounting._CACHE)())
+
+    def fake(pair, phases, delta, accountant):
+        calls.append((pair, tuple(phases), delta, accountant))
+        return _engine.Epsilon(1.0 + len(calls), "fourier")
+
+    monkeypatch.setattr(_engine, "epsilon", fake)
+    base = dict(sigma=1.0, q=0.01, num_steps=100, delta=1e-6, relation=ADD_REMOVE, sampler="poisson")
+    first = compute_epsilon(**base)
+    assert compute_epsilon(**base) == first and len(calls) == 1
+    assert EpsilonTracker(1.0, 0.01, 1e-6, num_steps=100).total_epsilon == first and len(calls) == 1
+    changes = [dict(sigma=1.1), dict(q=0.02), dict(num_steps=101), dict(delta=1e-7),
+               dict(relation=SUBSTITUTE), dict(relation=SUBSTITUTE, sampler="fixed_size"),
+               dict(accountant="rdp")]
+    values = {first}
+    for change in changes:
+        value = compute_epsilon(**{**base, **change})
+        assert value not in values, change
+        values.add(value)
+    # the discrete mechanism is another entry (its own engine)
+    compute_epsilon(**base, noise="discrete")
+    assert len(accounting._CACHE) == len(changes) + 2
+    accounting.clear_cache()
+    assert compute_epsilon(**base) != first
 
 
 # --------------------------------------------------------------------------

@@ -193,3 +193,20 @@ def test_d3p_02_spellings():
             fn(1.0, 1e-5, 0.01, 1000, maxeval=0)
         with pytest.raises(TypeError, match="force_smaller"):
             fn(1.0, 1e-5, 0.01, 1000, 1e-3, "yes")
+
+
+def test_calibration_is_cached_per_process(monkeypatch):
+    # a second run(epsilon=...) with the same plan calibrates nothing; any other input does
+    from d3p import dputil
+    from d3p._accounting import _engine
+
+    calls = []
+    real = _engine.epsilon
+    monkeypatch.setattr(_engine, "epsilon", lambda *a, **k: calls.append(a) or real(*a, **k))
+    first = approximate_sigma_remove_relation(1.3, 1e-6, 0.0123, 321)
+    made = len(calls)
+    assert made > 0
+    assert approximate_sigma_remove_relation(1.3, 1e-6, 0.0123, 321) == first and len(calls) == made
+    assert approximate_sigma_remove_relation(1.3, 1e-6, 0.0123, 322) != first and len(calls) > made
+    dputil._calibrate_cached.cache_clear()
+    assert approximate_sigma_remove_relation(1.3, 1e-6, 0.0123, 321)[:2] == first[:2]

@@ -7,9 +7,9 @@
 * ``_gaussian``: closed forms of the Gaussian mechanism (q = 1).
 * ``_rdp``: the Rényi-DP upper bound.
 * ``_window``: tail bounds and the grid window of the Fourier accountant.
-* ``_fourier``: the Fourier accountant (exact-mass discretisation, FFT
-  composition, refinement check).
-* ``_package``: the cross-check with the ``fourier-accountant`` package.
+* ``_dominating``: the Fourier accountant as an upper bound: a discrete
+  pair dominating each step ("connect the dots"), composed by an
+  exponentially tilted FFT.
 * ``_pld``: the adapter to dp-accounting's PLD accountant.
 * ``_engine``: which engine answers a validated question.
 

@@ -3,14 +3,16 @@
 
 Nothing released or a non-private phase is answered directly; q = 1 by the
 Gaussian closed form; otherwise the accountant asked for: the Fourier
-accountant (falling back to the RDP bound where no grid verifies or the
-package cross-check disagrees), the RDP bound, or dp-accounting's PLD.
+accountant (the dominating discretisation of
+:mod:`d3p._accounting._dominating`, or the RDP bound where that is smaller
+or the window holds no value: both are upper bounds), the RDP bound, or
+dp-accounting's PLD.
 """
 
 import math
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Sequence
 
-from d3p._accounting import _fourier, _gaussian, _package, _pld, _rdp
+from d3p._accounting import _dominating, _gaussian, _pld, _rdp
 
 
 def _trivial(phases: Sequence):
@@ -30,50 +32,30 @@ class Epsilon(NamedTuple):
     """An ε with how it was obtained."""
 
     value: float
-    num_evals: int          # FFT compositions (or accountant calls)
-    engine: str             # "trivial", "gaussian", "exact", "rdp" or "pld"
-    nx: Optional[int]       # the last Fourier grid, if any
+    engine: str             # "trivial", "gaussian", "fourier", "rdp" or "pld"
 
 
-def epsilon(
-    pair: str,
-    phases: Sequence,
-    delta: float,
-    accountant: str,
-    *,
-    nx_hint: Optional[int] = None,
-    deadline: Optional[float] = None,
-    max_nx: int = _fourier.MAX_NX,
-    package_check: bool = True,
-    grid_out: Optional[dict] = None,
-) -> Epsilon:
-    """ε at ``delta`` for validated inputs.
-
-    ``package_check``: cross-check a certified Fourier ε with the
-    fourier-accountant package (midpoint pair; see
-    :func:`d3p._accounting._package.agrees`); on disagreement the RDP bound is
-    returned. ``grid_out``: if a dict, receives ``nx`` and ``L`` of the
-    certifying grid.
-    """
+def epsilon(pair: str, phases: Sequence, delta: float, accountant: str) -> Epsilon:
+    """ε at ``delta`` for validated inputs."""
     kind, active = _trivial(phases)
     if kind == "zero":
-        return Epsilon(0.0, 0, "trivial", None)
+        return Epsilon(0.0, "trivial")
     if kind == "inf":
-        return Epsilon(math.inf, 0, "trivial", None)
+        return Epsilon(math.inf, "trivial")
     if accountant == "pld":
-        return Epsilon(_pld.epsilon(pair, active, delta), 1, "pld", None)
+        return Epsilon(_pld.epsilon(pair, active, delta), "pld")
     if all(p.q == 1.0 for p in active):
-        return Epsilon(_gaussian.epsilon(_gaussian.mu_of(pair, active), delta), 1, "gaussian", None)
+        return Epsilon(_gaussian.epsilon(_gaussian.mu_of(pair, active), delta), "gaussian")
+    rdp = _rdp.epsilon(pair, active, delta)
     if accountant == "rdp":
-        return Epsilon(_rdp.epsilon(pair, active, delta), 1, "rdp", None)
-    res = _fourier.certified(pair, active, delta=delta, nx_hint=nx_hint, deadline=deadline, max_nx=max_nx)
-    if res.value is None:
-        return Epsilon(_rdp.epsilon(pair, active, delta), res.num_evals + 1, "rdp", res.nx)
-    if grid_out is not None:
-        grid_out.update(nx=res.nx, L=res.L)
-    if package_check and not _package.agrees(pair, active, res.value, delta, res.nx, res.L):
-        return Epsilon(_rdp.epsilon(pair, active, delta), res.num_evals + 2, "rdp", res.nx)
-    return Epsilon(res.value, res.num_evals, res.engine, res.nx)
+        return Epsilon(rdp, "rdp")
+    try:
+        value = _dominating.epsilon(pair, active, delta, guess=rdp)
+    except (ArithmeticError, ValueError, MemoryError):   # no value from the grid: the RDP bound
+        value = None
+    if value is None or value >= rdp:
+        return Epsilon(rdp, "rdp")
+    return Epsilon(value, "fourier")
 
 
 def _delta_without_noise(active: Sequence) -> float:
@@ -97,11 +79,10 @@ def delta(pair: str, phases: Sequence, epsilon: float, accountant: str) -> float
         mu = _gaussian.mu_of(pair, active)
         # exact; rounded up by a relative 1e-12
         return float(min(1.0, math.exp(_gaussian.log_delta(mu, epsilon)) * (1 + 1e-12)))
-    if accountant == "rdp":
-        return _rdp.delta(pair, active, epsilon)
-    res = _fourier.certified(pair, active, epsilon=epsilon)
-    if res.value is None:
-        return _rdp.delta(pair, active, epsilon)
-    if not _package.agrees(pair, active, epsilon, res.value, res.nx, res.L):
-        return _rdp.delta(pair, active, epsilon)
-    return float(min(res.value, 1.0))
+    rdp = _rdp.delta(pair, active, epsilon)
+    if accountant == "rdp" or rdp == 0.0:
+        return rdp
+    try:
+        return min(rdp, _dominating.delta(pair, active, epsilon, guess_delta=rdp))
+    except (ArithmeticError, ValueError, MemoryError):
+        return rdp
