@@ -131,9 +131,10 @@ def _maxrss_bytes():
 class Config:
     """One compiled update function and its state, timed in interleaved rounds."""
 
-    def __init__(self, label, update, state, batch, info, execute=True):
+    def __init__(self, label, update, state, batch, info, execute=True, loop=0):
         rss0 = _maxrss_bytes()
-        fn = jax.jit(update)
+        self.loop = loop
+        fn = jax.jit(update if not loop else _in_a_loop(update, loop))
         t0 = time.perf_counter()
         self.compiled = fn.lower(state, *batch).compile()
         self.compile_s = time.perf_counter() - t0
@@ -168,7 +169,7 @@ class Config:
             t = time.perf_counter()
             self.state, self.loss = self.compiled(self.state, *self.batch)
             jax.block_until_ready(self.state)
-            times.append(time.perf_counter() - t)
+            times.append((time.perf_counter() - t) / max(1, self.loop))
         self.times += times
         self.round_medians.append(statistics.median(times))
 
@@ -189,8 +190,23 @@ class Config:
         )
 
 
+def _in_a_loop(update, length):
+    """``update`` applied ``length`` times to the same batch in one jitted
+    ``lax.fori_loop``: ``(state, *batch) -> (state, loss of the last step)``."""
+
+    def loop(state, *batch):
+        def body(i, carry):
+            return update(carry[0], *batch)
+
+        first = update(state, *batch)
+        return jax.lax.fori_loop(1, length, body, first)
+
+    return loop
+
+
 def bench_model(name, strategies, suites, steps, rounds, rng, batch_size=None, with_svi=True,
-                compile_only=(), chunk_size=None, noises=("gaussian",), **dp_kwargs):
+                compile_only=(), chunk_size=None, noises=("gaussian",), formulations=("auto",), loop=0,
+                **dp_kwargs):
     """Compile SVI and every DPSVI configuration, then time them in interleaved
     rounds (so that load from other processes hits all alike)."""
     model, guide, batch, shared, B, N, lr = make_problem(name, rng, batch_size)
@@ -198,13 +214,15 @@ def bench_model(name, strategies, suites, steps, rounds, rng, batch_size=None, w
     if with_svi:
         svi = SVI(model, guide, numpyro.optim.Adam(lr), Trace_ELBO(), **shared)
         state = svi.init(jax.random.PRNGKey(0), *batch)
-        configs.append(Config("numpyro SVI", svi.update, state, batch, {"model": name, "B": B, "what": "SVI"}))
-    for suite, strategy, noise in itertools.product(suites, list(strategies) + list(compile_only), noises):
+        configs.append(Config("numpyro SVI", svi.update, state, batch, {"model": name, "B": B, "what": "SVI"},
+                              loop=loop))
+    for suite, strategy, noise, formulation in itertools.product(
+            suites, list(strategies) + list(compile_only), noises, formulations):
         if noise == "discrete" and strategy not in ("auto", "scan"):
             continue   # the discrete mechanism forms one record's gradient at a time
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", category=Warning)
-            extra = dict(dp_kwargs, noise=noise)
+            extra = dict(dp_kwargs, noise=noise, formulation=formulation)
             if strategy == "chunked" and chunk_size:
                 extra["chunk_size"] = chunk_size
             dpsvi = DPSVI(
@@ -215,12 +233,13 @@ def bench_model(name, strategies, suites, steps, rounds, rng, batch_size=None, w
         suite_name = "chacha" if suite is d3p.random else "debug"
         execute = strategy in strategies
         noise_name = "" if noise == "gaussian" else f", {noise}"
+        formulation_name = "" if formulation == "auto" else f", {formulation}"
         configs.append(Config(
-            f"DPSVI {strategy} ({suite_name}{noise_name})" + ("" if execute else " [compiled only]"),
+            f"DPSVI {strategy} ({suite_name}{noise_name}{formulation_name})" + ("" if execute else " [compiled only]"),
             dpsvi.update, state, batch,
             {"model": name, "B": B, "what": "DPSVI", "strategy": strategy, "rng_suite": suite_name,
-             "noise": noise},
-            execute=execute,
+             "noise": noise, "formulation": formulation},
+            execute=execute, loop=loop,
         ))
         gc.collect()
     per_round = max(1, steps // rounds)
@@ -244,10 +263,10 @@ def bench_model(name, strategies, suites, steps, rounds, rng, batch_size=None, w
 def _discrete_ratios(configs, results):
     """Each discrete-noise row's time over the same strategy and suite with
     Gaussian noise, per round (same load), median over rounds."""
-    gaussian = {(r.get("strategy"), r.get("rng_suite")): c for c, r in zip(configs, results)
+    gaussian = {(r.get("strategy"), r.get("rng_suite"), r.get("formulation")): c for c, r in zip(configs, results)
                 if r.get("noise") == "gaussian" and c.round_medians}
     for c, r in zip(configs, results):
-        base = gaussian.get((r.get("strategy"), r.get("rng_suite")))
+        base = gaussian.get((r.get("strategy"), r.get("rng_suite"), r.get("formulation")))
         if r.get("noise") == "discrete" and base is not None and c.round_medians:
             r["vs_gaussian"] = statistics.median(m / b for m, b in zip(c.round_medians, base.round_medians))
 
@@ -300,6 +319,12 @@ def main(argv=None):
     parser.add_argument("--noises", nargs="+", default=["gaussian"], choices=["gaussian", "discrete"],
                         help="noise mechanisms (DPSVI's noise=); 'discrete' rows also report their time "
                              "over the Gaussian row of the same strategy and suite")
+    parser.add_argument("--formulations", nargs="+", default=["auto"],
+                        choices=["auto", "shared_sample", "own_sample", "per_record"],
+                        help="DPSVI's formulation= (which ELBO terms are clipped per record, see d3p.svi.DPSVI)")
+    parser.add_argument("--loop", type=int, default=0,
+                        help="time LOOP steps inside one jitted lax.fori_loop per call (per-step time reported; "
+                             "0: one jitted step per call from Python)")
     parser.add_argument("--quick", action="store_true", help="few steps, auto strategy only")
     parser.add_argument("--output-dir", default=os.path.join("benchmarks", "output"))
     args = parser.parse_args(argv)
@@ -316,7 +341,7 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     for name in args.models:
         rows += bench_model(name, strategies, suites, steps, args.rounds, rng, chunk_size=args.chunk_size,
-                            noises=args.noises)
+                            noises=args.noises, formulations=args.formulations, loop=args.loop)
     if args.large_batch:
         # all B per-record gradients at once would need B x 2.6 MiB: compile it
         # only, to show the XLA buffer it would allocate

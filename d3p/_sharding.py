@@ -143,7 +143,7 @@ def _pad(records, mask: jax.Array, extra: int):
 
 
 def sharded_sum(layout: Optional[BatchLayout], sum_fn: Callable[..., ClippedSum], params, records,
-                mask: Optional[jax.Array]) -> ClippedSum:
+                mask: Optional[jax.Array], shared=None) -> ClippedSum:
     """The clipped sum of a batch, over the devices of ``layout`` (steps 1 to 3
     of the module documentation), or on one device if ``layout`` is None.
 
@@ -154,6 +154,10 @@ def sharded_sum(layout: Optional[BatchLayout], sum_fn: Callable[..., ClippedSum]
     :param params: the parameters (replicated).
     :param records: pytree of per-slot arrays with leading dimension ``B``.
     :param mask: boolean ``(B,)`` (True for real records) or None (all real).
+    :param shared: None, or a pytree of public values the same for every
+        record (e.g. the key of a Monte Carlo draw shared by the batch),
+        replicated on every device and passed as ``sum_fn``'s fifth argument
+        (values of an explicit mesh cannot be closed over by ``shard_map``).
     :return: the :class:`ClippedSum` of the whole batch: ``grad_sum``
         replicated on every device, ``losses`` and ``norms`` ``(B,)``.
 
@@ -167,27 +171,29 @@ def sharded_sum(layout: Optional[BatchLayout], sum_fn: Callable[..., ClippedSum]
     sensitivity ``C`` (``2 C`` substituted) as on one device.
     """
     B = int(jax.tree.leaves(records)[0].shape[0])
+    extra = () if shared is None else (shared,)
     if layout is None:
-        return sum_fn(params, records, mask, 1)
+        return sum_fn(params, records, mask, 1, *extra)
     D = layout.num_shards
     mask = jnp.ones((B,), bool) if mask is None else jnp.asarray(mask)
     records, mask = _pad(records, mask, max(D, -(-B // D) * D) - B)
     spec = layout.spec
-    params = _place(params, layout, P())
+    params, extra = _place((params, extra), layout, P())
     records, mask = _place((records, mask), layout, spec)
 
-    def local(params, records, mask):
+    def local(params, records, mask, *extra):
         # device-varying parameters: each device's gradients are of its own records only
         params = jax.lax.pcast(params, layout.axes, to="varying")
-        result = sum_fn(params, records, mask, D)
+        result = sum_fn(params, records, mask, D, *extra)
         return _gathered_sum(result.grad_sum, layout.axes), result.losses, result.norms
 
     # check_vma=False: models' own loops (e.g. numpyro's plate subsampling)
     # carry device-invariant values that device-varying keys update, which the
     # check refuses; without it, a replicated input's gradient is local too
     grad_sum, losses, norms = jax.shard_map(
-        local, mesh=layout.mesh, in_specs=(P(), spec, spec), out_specs=(P(), spec, spec), check_vma=False,
-    )(params, records, mask)
+        local, mesh=layout.mesh, in_specs=(P(), spec, spec) + (P(),) * len(extra), out_specs=(P(), spec, spec),
+        check_vma=False,
+    )(params, records, mask, *extra)
     losses, norms = _place((losses, norms), layout, P())   # explicit axes: sliceable to B
     return ClippedSum(grad_sum, losses[:B], norms[:B])
 

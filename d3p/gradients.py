@@ -755,18 +755,23 @@ def _sum_budget(B: int, chunk: int, shards: int, params: PyTree, terms_per_slot:
     return _SumBudget(slots, rel, tiny, margin, acc)
 
 
-def _check_sum_threshold(clipping_threshold, budget: _SumBudget) -> None:
-    """Raise ``ValueError`` naming ``clipping_threshold`` if a concrete ``C``
-    lets the sum of ``B`` slots overflow (its error bound needs finite sums)."""
+def _check_sum_threshold(clipping_threshold, budget: _SumBudget, threshold_bound=None) -> None:
+    """Raise ``ValueError`` naming ``clipping_threshold`` (or ``threshold_bound``,
+    the public upper bound of a ``C`` set during the run, which is checked in
+    its place when given) if a concrete ``C`` lets the sum of ``B`` slots
+    overflow (its error bound needs finite sums)."""
+    name, value = ("clipping_threshold", clipping_threshold) if threshold_bound is None else \
+        ("threshold_bound", threshold_bound)
     try:
-        C = float(clipping_threshold)
+        C = float(value)
     except (TypeError, jax.errors.ConcretizationTypeError):
         return
     limit = float(jnp.finfo(budget.acc).max) / 8
     if np.isfinite(C) and C * budget.slots >= limit:
         raise ValueError(
-            f"Expected clipping_threshold * B below {limit:.3g} (the sum of B={budget.slots} clipped "
-            f"records must not overflow), got clipping_threshold={C}."
+            f"Expected {name} * B below {limit:.3g} (the sum of B={budget.slots} clipped "
+            f"records must not overflow), got {name}={C}"
+            + ("." if threshold_bound is None else " (the largest C: adaptive clipping's max_threshold).")
         )
 
 
@@ -1069,6 +1074,7 @@ def clipped_grad_sum(
     forward_mode: bool = False,
     memory_budget_bytes: Optional[int] = None,
     num_shards: int = 1,
+    threshold_bound: Optional[float] = None,
 ) -> ClippedSum:
     """Sum over records of per-record gradients, each clipped to norm ``C``.
 
@@ -1079,7 +1085,8 @@ def clipped_grad_sum(
     :param records: pytree of per-record inputs, every leaf with leading
         dimension ``B`` (include per-record random keys here).
     :param mask: boolean ``(B,)``, True for real records, or None (all real).
-    :param float clipping_threshold: ``C``.
+    :param clipping_threshold: ``C``: a number, or a 0-d array (traced, for a
+        ``C`` set during the run, as by adaptive clipping).
     :param on_choice: called once per trace of this call with the
         :class:`StrategyChoice` taken (static information only), or None.
     :param str strategy: how per-record gradients are formed, one of
@@ -1095,11 +1102,14 @@ def clipped_grad_sum(
         :data:`DEFAULT_MEMORY_BUDGET_BYTES`.
     :param int num_shards: how many such partial sums (one per device, ``B``
         slots each) make up the released sum (see :mod:`d3p._sharding`).
+    :param float threshold_bound: a public upper bound of a traced
+        ``clipping_threshold``, checked for overflow in its place (a traced
+        ``C`` cannot be checked); None: ``clipping_threshold`` is checked.
     :return: :class:`ClippedSum`.
     :raises ValueError: naming the batch size if the sum of ``B * num_shards``
         slots cannot be certified within the margin (more than about 65,000
         float32 slots; fewer under ``"ghost"``, see below), or naming
-        ``clipping_threshold`` if ``B C`` could overflow.
+        ``clipping_threshold`` (``threshold_bound``) if ``B C`` could overflow.
 
     **Formal guarantees.** Relation: add/remove one record (including masking
     it out and deleting its row, so that ``B`` changes), or substitute one.
@@ -1149,11 +1159,11 @@ def clipped_grad_sum(
         pair, losses, norms = _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode)
         return ClippedSum(_df_rounded(pair, params), losses, norms)
     return _sum_on_this_platform(loss_fn, params, records, mask, clipping_threshold, forward_mode,
-                                 choice, plan, B, num_shards)
+                                 choice, plan, B, num_shards, threshold_bound)
 
 
 def _sum_on_this_platform(loss_fn, params, records, mask, clipping_threshold, forward_mode,
-                          choice, plan, B, num_shards):
+                          choice, plan, B, num_shards, threshold_bound=None):
     """The clipped sum under ``choice``, or, where ``choice.elsewhere`` is set,
     under ``choice`` on CPU and ``choice.elsewhere`` on other platforms, picked
     when the program is lowered (:func:`jax.lax.platform_dependent`)."""
@@ -1162,7 +1172,7 @@ def _sum_on_this_platform(loss_fn, params, records, mask, clipping_threshold, fo
     def clipped_sum(choice, params, records, mask):
         chunk = B if choice.chunk_size is None else choice.chunk_size
         budget, block_rows = _budget_of(choice, plan, params, B, chunk, num_shards, private)
-        _check_sum_threshold(clipping_threshold, budget)
+        _check_sum_threshold(clipping_threshold, budget, threshold_bound)
         threshold = budget.threshold(clipping_threshold, budget.acc)
         chunk_fn = _chunk_function(loss_fn, params, threshold, budget.reserve(), forward_mode, choice, plan,
                                    block_rows)
@@ -1281,10 +1291,15 @@ def noise_std(dp_scale: float, clipping_threshold: float) -> float:
     0.0
 
     :param float dp_scale: the noise multiplier ``sigma``, finite and ``>= 0``.
-    :param float clipping_threshold: ``C > 0`` (``inf`` allowed).
+    :param clipping_threshold: ``C > 0`` (``inf`` allowed); or a traced 0-d
+        array (a ``C`` set during the run, e.g. by adaptive clipping, which
+        keeps it within public positive bounds): it passes through
+        unchecked and the result is a traced array (0.0 if ``dp_scale = 0``).
     :raises ValueError: for other values (``TypeError`` too for non-numbers).
     """
     dp_scale = _validate.non_negative("dp_scale", dp_scale)
+    if isinstance(clipping_threshold, jax.core.Tracer):
+        return 0.0 if dp_scale == 0 else dp_scale * clipping_threshold
     clipping_threshold = _validate.positive("clipping_threshold", clipping_threshold, finite=False)
     if dp_scale == 0:
         return 0.0
@@ -1304,7 +1319,8 @@ def add_gaussian_noise(
     discrete mechanism and the marginal twin's float64 noise have their own
     primitives in :mod:`d3p.random`). The noise for all
     parameter leaves comes from one draw of ``rng_suite.normal(noise_key, (P,))``
-    over the ``P`` flattened coordinates.
+    over the ``P`` flattened coordinates. ``clipping_threshold`` may be a
+    traced 0-d array, as for :func:`noise_std`.
 
     **Formal guarantees.** If ``grad_sum`` has L2 sensitivity ``C`` (add/remove
     one record, see :func:`clipped_grad_sum`), the output is the Gaussian
@@ -1314,14 +1330,14 @@ def add_gaussian_noise(
     """
     std = noise_std(dp_scale, clipping_threshold)
     leaves, treedef = jax.tree.flatten(grad_sum)
-    if std == 0.0 or not leaves:
+    if (isinstance(std, float) and std == 0.0) or not leaves:
         return grad_sum
     # the values of ravel_pytree(grad_sum) + noise, unravelled, without
     # forming the flat vector: each leaf adds its own slice of the one draw
     dtype = jnp.result_type(*leaves)
     sizes = [int(np.size(x)) for x in leaves]
     noise = rng_suite.normal(noise_key, (sum(sizes),), dtype if dtype != jnp.float16 else jnp.float32)
-    noise = noise.astype(dtype) * np.asarray(std, dtype)
+    noise = noise.astype(dtype) * (np.asarray(std, dtype) if isinstance(std, float) else jnp.asarray(std, dtype))
     out, start = [], 0
     for leaf, size in zip(leaves, sizes):
         z = lax.slice_in_dim(noise, start, start + size).reshape(jnp.shape(leaf))

@@ -27,7 +27,9 @@ from numpyro.primitives import Messenger
 from numpyro.optim import Minimize
 
 import d3p.random
-from d3p import _sampling, _sharding, _validate, accounting, discrete, gradients
+from d3p import _adaptive, _sampling, _sharding, _validate, accounting, discrete, gradients
+from d3p._adaptive import AdaptiveClipping
+from d3p import _elbo_terms
 from d3p._checkpoint import Checkpoint
 from d3p.ledger import GaussianSteps, PrivacyLedger, key_fingerprint
 from d3p.gradients import add_gaussian_noise, clipped_grad_sum
@@ -49,6 +51,7 @@ __all__ = [
     "DPSVI",
     "DPSVIState",
     "DPSVIRunResult",
+    "AdaptiveClipping",
     "Checkpoint",
     "save_checkpoint",
     "load_checkpoint",
@@ -84,12 +87,19 @@ class DPSVIState(NamedTuple):
       field is 1.0. Defaults to ``None`` so that a state can be built from the
       first three fields; ``update`` keeps ``None`` in such a state (its
       structure stays the same).
+    - **clipping_threshold** - with adaptive clipping (:class:`AdaptiveClipping`),
+      the threshold ``C_t`` of the next step: a 0-d array of JAX's default
+      float dtype, set to the initial ``C`` by :meth:`DPSVI.init` and by every
+      update from the noisy count it releases (public: post-processing of a
+      private release); saved with checkpoints. ``None`` without adaptive
+      clipping (the constructor's ``C`` is used).
     """
 
     optim_state: Any
     mutable_state: Any
     rng_key: Any
     observation_scale: Any = None
+    clipping_threshold: Any = None
 
 
 _PRIVACY_FIELD = functools.partial(dataclasses.field, default=None, kw_only=True)
@@ -121,7 +131,10 @@ class DPSVIRunResult:
       sampling, the probability that a batch overflowed its padded size.
     - **relation** - ``"add_remove"`` or ``"substitute"``.
     - **sampler** - ``"poisson"`` or ``"fixed_size"``.
-    - **sigma** - the noise multiplier (``dp_scale``).
+    - **sigma** - the noise multiplier the run is accounted with: ``dp_scale``,
+      or with adaptive clipping ``σ_eff`` of the gradient and count releases
+      together (the gradient's own multiplier is
+      :meth:`AdaptiveClipping.gradient_sigma` of it and the count noise).
     - **q** - the sampling probability of each record per step.
     - **num_steps** - the number of steps (ε covers these steps only; a
       :class:`d3p.ledger.PrivacyLedger` given to ``run`` holds the total).
@@ -262,12 +275,13 @@ class DPSVI(SVI):
     (:meth:`update`) computes, for a batch of ``B`` records from a data set of
     ``N``:
 
-    1. the ELBO loss of every record alone, each with its own guide sample
-       (the model is run on a batch holding only that record, vectorised with
-       ``vmap``); with ``clip_unscaled_observations=True`` the loss is divided by
-       the public observation scale of one record (the plate's ``N / 1``), so
-       that ``C`` bounds the record's own likelihood term whatever ``N`` is, and
-       the data-independent prior/entropy terms enter with weight ``1 / N``;
+    1. the ELBO loss terms of every record alone (the model is run on a batch
+       holding only that record, vectorised with ``vmap``, with its own guide
+       sample): by default (``formulation``) those of the sites inside the
+       records plate (its likelihood and its local latent variables); with
+       ``clip_unscaled_observations=True`` divided by the public observation
+       scale of one record (the plate's ``N / 1``), so that ``C`` bounds the
+       record's own likelihood term whatever ``N`` is;
     2. its gradient over all variational parameters, clipped as one vector to
        L2 norm at most ``C`` (``clipping_threshold``);
     3. the sum over real records of the clipped gradients plus Gaussian noise of
@@ -275,7 +289,9 @@ class DPSVI(SVI):
        ``rng_suite``;
     4. that noisy sum times ``N / B`` (with ``B`` the batch size, or the public
        ``expected_batch_size`` under Poisson sampling; never the realised count),
-       the full-data ELBO gradient scale; then one optimizer step.
+       plus the gradient of the data-independent terms (the prior and guide
+       densities of the global latent variables, once, from one more guide
+       sample): the full-data ELBO gradient estimate; then one optimizer step.
 
     With ``clip_unscaled_observations=False`` the per-record loss keeps the
     plate scale (``C`` then bounds ``N`` times a record's term) and step 4
@@ -305,13 +321,21 @@ class DPSVI(SVI):
     per-record gradients (which are zeroed: a record holding NaN or inf
     contributes zero, as if masked, with no message that would depend on
     it). Record ``i`` sees only row ``i``
-    of each data array; nothing in the data is shared between records. Padded
+    of each data array; nothing in the data is shared between records. The
+    prior and guide terms added once per step (``formulation``) are computed
+    from the parameters, the step's key and a public placeholder record only,
+    after an abstract trace has shown that they cannot read a record's values
+    (post-processing of the release). Padded
     records (``mask`` False) contribute exactly zero; an empty batch yields
     pure noise, never ``nan``. The noise scale depends only on ``dp_scale``
     and ``C``, and the normalisation (step 4) only on public constants: the
     model's scale, found from shapes alone, and the batch size or
     ``expected_batch_size``; ``static_kwargs`` and the model's own constants
-    are treated as public. Privacy over a run
+    are treated as public. With ``adaptive_clipping``, ``C`` is the state's
+    ``C_t`` (post-processing of earlier releases) and each step also releases
+    a noisy count that one record moves by at most 1/2 (1 substituted): the
+    step is then one Gaussian mechanism of noise multiplier ``σ_eff`` (see
+    :class:`AdaptiveClipping`). Privacy over a run
     follows from the sampling of batches: use the samplers of
     :mod:`d3p.minibatch` (or :meth:`run`) with the matching accountant
     (:meth:`get_epsilon`). The loss returned by :meth:`update`,
@@ -403,6 +427,33 @@ class DPSVI(SVI):
     :param batch_axis: the name of the mesh axis (or a tuple of names) along
         which records are sharded; default None: all axes of the mesh.
         Parameters and optimizer state are replicated along every axis.
+    :param adaptive_clipping: None (default: ``C`` is fixed), True, or an
+        :class:`AdaptiveClipping`: ``C`` starts at ``clipping_threshold`` and
+        follows a private estimate of a quantile of the per-record gradient
+        norms, held in the state (Andrew et al. 2021). ``dp_scale`` is then the
+        gradient's noise multiplier (noise std ``dp_scale * C_t``); each step
+        also releases a noisy count, and runs are accounted at the effective
+        multiplier ``σ_eff`` of both (see :class:`AdaptiveClipping`). Not with
+        ``noise="discrete"`` or a mesh (``ValueError``).
+    :param str formulation: which ELBO terms each record's clipped gradient
+        holds (see docs/privacy.md, "Which terms are clipped"):
+        ``"own_sample"``: those of the sites inside the records plate
+        (likelihood, local latent variables), each record with its own guide
+        draw; the prior and guide terms of the global sites are evaluated once
+        per step (one more draw, on a public placeholder record) and their
+        gradient is added after the noise; ``"shared_sample"``: the same split
+        with one guide draw of the global latent variables per step, shared by
+        the batch (as SVI; its posteriors came out 3-14% wider on the paper's
+        models, and its speed depends on the model, ``benchmarks/README.md``); ``"per_record"``:
+        each record's whole ELBO with its own guide draw, the global terms
+        weighted ``1 / N`` (d3p 0.2);
+        ``"auto"`` (default): ``"own_sample"`` for numpyro's ``Trace_ELBO`` and
+        ``TraceMeanField_ELBO``, else ``"per_record"``, and ``"per_record"``
+        with a ``UserWarning`` where a term outside the records plate may read
+        a record (an explicit split is then refused). The released sum and its
+        sensitivity are the same under all: every record's data-dependent
+        gradient is clipped to ``C``. The one a step uses is the attribute
+        ``formulation_choice`` once the step is traced.
     :param static_kwargs: keyword arguments passed to model AND guide at every
         call, shared by all records (e.g. ``N``, or group-level data); the only
         place for such values, and treated as public (they are used without
@@ -450,6 +501,8 @@ class DPSVI(SVI):
         noise: str = "gaussian",
         mesh: Optional[jax.sharding.Mesh] = None,
         batch_axis=None,
+        adaptive_clipping=None,
+        formulation: str = "auto",
         **static_kwargs,
     ):
         if isinstance(optim, Minimize) or getattr(optim, "update_with_value", False):
@@ -473,6 +526,9 @@ class DPSVI(SVI):
             batch_axis = _validate.mesh_axes("batch_axis", batch_axis, self.mesh.axis_names)
         #: The mesh axes over which batches are sharded (None: all axes of the mesh).
         self.batch_axis = batch_axis
+        #: The :class:`AdaptiveClipping` settings, bounds filled in (None: ``C`` is fixed).
+        self.adaptive_clipping = _adaptive.resolve(adaptive_clipping, self.clipping_threshold, noise=self.noise,
+                                                   mesh=self.mesh)
         # the discrete mechanism's public constants per parameter count (see d3p.discrete)
         self._discrete_plans = {}
         # per_example_loss is also available as self.loss (numpyro's name)
@@ -491,6 +547,13 @@ class DPSVI(SVI):
         #: The :class:`d3p.gradients.StrategyChoice` of the most recent trace of
         #: this DPSVI's step (None before the first): which gradient strategy runs.
         self.strategy_choice = None
+        #: The ``formulation`` asked for; the one the latest trace of a step
+        #: used (``"auto"`` resolved) is ``formulation_choice`` (None before).
+        self.formulation = _elbo_terms.requested(
+            _validate.choice("formulation", formulation, _elbo_terms.FORMULATIONS), per_example_loss)
+        self.formulation_choice = None
+        # the split of the ELBO's sites per record structure (_split_facts)
+        self._split_facts_cache = {}
 
     # ---------------------------------------------------------------- helpers
 
@@ -625,6 +688,69 @@ class DPSVI(SVI):
             return loss if scale is None else loss / scale
 
         return record_loss
+
+    def _step_losses(self, params, treedef, leaves, scale, key_impl, jax_key):
+        """``(record_loss, global_loss, shared)`` of a step under the resolved
+        ``formulation``: the loss of one record (clipped); the loss of the
+        data-independent sites, evaluated once per step (None under
+        ``"per_record"`` or without such sites); and the key of the draw
+        shared by the batch (None under ``"per_record"``), from which
+        ``record_loss(shared)`` is the loss of one record."""
+        formulation, facts = self._split_facts(params, treedef, leaves)
+        self.formulation_choice = formulation
+        if formulation == "per_record":
+            return self._record_loss_fn(treedef, scale, key_impl), None, None
+        plates = self._records_plates(params, treedef, leaves)
+        # one key per step for the draw shared by the batch: from the step's
+        # Monte Carlo key, never from data (fold_in tag: "shared")
+        shared = jax.random.fold_in(_threefry.fast_key(jax_key), 0x5348)
+
+        def record_loss(shared_key):
+            return _elbo_terms.record_loss_fn(self, formulation, facts, plates, treedef, scale, key_impl,
+                                              shared_key)
+
+        if not facts.global_sites:
+            return record_loss, None, shared
+        one_record = [jax.ShapeDtypeStruct(np.shape(x)[1:], jax.dtypes.canonicalize_dtype(x.dtype))
+                      for x in leaves]
+        return record_loss, _elbo_terms.global_loss_fn(self, facts, plates, treedef, one_record, shared), shared
+
+    def _split_facts(self, params, treedef, leaves) -> tuple:
+        """``(formulation, SplitFacts or None)``: ``formulation`` resolved for
+        records shaped like ``leaves`` (public: from an abstract trace of one
+        record, found once per record structure and parameter shapes).
+
+        ``"auto"`` is ``"own_sample"`` for NumPyro's ``Trace_ELBO`` and
+        ``TraceMeanField_ELBO``, else ``"per_record"``; and ``"per_record"``,
+        with a warning, where a term outside the records plate may read the
+        record, which an explicit split formulation refuses."""
+        one_record = tuple(
+            jax.ShapeDtypeStruct(np.shape(x)[1:], jax.dtypes.canonicalize_dtype(x.dtype)) for x in leaves)
+        param_structs = jax.tree.map(lambda p: jax.ShapeDtypeStruct(jnp.shape(p), jnp.result_type(p)), params)
+        key = (treedef, one_record, jax.tree.structure(param_structs), tuple(jax.tree.leaves(param_structs)))
+        if key in self._split_facts_cache:
+            return self._split_facts_cache[key]
+        formulation = self.formulation
+        if formulation == "auto":
+            formulation = "own_sample" if _elbo_terms.splittable(self.loss) else "per_record"
+        facts = None
+        if formulation != "per_record":
+            plates = self._records_plates(params, treedef, leaves)
+            facts = _elbo_terms.split_facts(self.loss, self.model, self.guide, self.constrain_fn,
+                                            self.static_kwargs, param_structs, treedef, one_record, plates)
+            if facts.dependent:
+                message = (
+                    f"The terms of the site(s) {list(facts.dependent)}, outside the plate over the records "
+                    f"({sorted(plates)}), may depend on a record's values, so they cannot be evaluated once per "
+                    "step outside the clipped sum")
+                if self.formulation != "auto":
+                    raise ValueError(f"{message}: expected formulation='per_record' for this model, got "
+                                     f"formulation={self.formulation!r}.")
+                warnings.warn(f"{message}; DPSVI clips each record's whole ELBO (formulation='per_record').",
+                              UserWarning, stacklevel=6)
+                formulation, facts = "per_record", None
+        self._split_facts_cache[key] = (formulation, facts)
+        return formulation, facts
 
     @contextlib.contextmanager
     def _model_errors_explained(self, args, kwargs):
@@ -793,7 +919,7 @@ class DPSVI(SVI):
         # the model's structure and its public scale, now, for a clear early error
         with self._model_errors_explained(args, kwargs):
             scale = self._observation_scale(self.optim.get_params(state.optim_state), treedef, public)
-        state = DPSVIState(state.optim_state, None, rng_key, _state_scale(scale))
+        state = DPSVIState(state.optim_state, None, rng_key, _state_scale(scale), self._initial_threshold())
         # with a mesh: replicated on its devices, the same in every process
         return _sharding.replicate(state, mesh)
 
@@ -824,6 +950,10 @@ class DPSVI(SVI):
         else:
             expected_batch_size = _public_number(_validate.positive, "expected_batch_size", expected_batch_size)
         self._warn_if_all_noise(expected_batch_size, stacklevel=5)   # the caller of update
+        C = self._step_threshold(svi_state)
+        count_key = None
+        if self.adaptive_clipping is not None:   # the noise of adaptive clipping's count: a key of its own
+            noise_key, count_key = self.rng_suite.split(noise_key, 2)
 
         jax_key = self.rng_suite.convert_to_jax_rng_key(grad_key)
         # the Monte Carlo keys of the records: as jax.random.split(jax_key, B),
@@ -838,18 +968,54 @@ class DPSVI(SVI):
         with self._model_errors_explained(args, kwargs):
             # a public constant (None without clip_unscaled_observations): see _observation_scale
             scale = self._observation_scale(params, treedef, records)
-            loss_fn = self._record_loss_fn(treedef, scale, key_impl)
+            loss_fn, global_loss, shared = self._step_losses(params, treedef, records, scale, key_impl, jax_key)
             result, noisy_sum = self._private_sum(loss_fn, params, (record_keys, list(records)), mask,
-                                                  forward_mode, noise_key)
+                                                  forward_mode, noise_key, C, shared)
         # the public normalisation: N / B when the per-record losses were divided
         # by the observation scale (N, the scale of a batch of one), else 1 / B
         factor = (1.0 if scale is None else scale) / expected_batch_size
         grad = jax.tree.map(lambda g: g * jnp.asarray(factor, g.dtype), noisy_sum)
         loss = jnp.sum(result.losses) * factor
+        if global_loss is not None:
+            # the data-independent terms (see formulation): public post-processing after the noise
+            global_value, global_grad = gradients._value_and_grad_one(
+                lambda p, _: global_loss(p), params, None, forward_mode)
+            grad = jax.tree.map(lambda g, h: g + h.astype(g.dtype), grad, global_grad)
+            loss = loss + global_value
         observation_scale = svi_state.observation_scale
         if observation_scale is not None:
             observation_scale = _state_scale(scale)
-        return DPSVIState(svi_state.optim_state, None, rng_key, observation_scale), grad, loss
+        next_C = self._next_threshold(svi_state, result, mask, C, expected_batch_size, count_key)
+        return DPSVIState(svi_state.optim_state, None, rng_key, observation_scale, next_C), grad, loss
+
+    def _initial_threshold(self) -> Optional[jax.Array]:
+        """:attr:`DPSVIState.clipping_threshold` of :meth:`init`: the initial
+        ``C`` with adaptive clipping, else None."""
+        if self.adaptive_clipping is None:
+            return None
+        return jnp.asarray(self.clipping_threshold, dtype=jnp.result_type(float))
+
+    def _step_threshold(self, svi_state):
+        """``C`` of this step: the state's ``C_t`` with adaptive clipping, else
+        the constructor's."""
+        if self.adaptive_clipping is None:
+            return self.clipping_threshold
+        if svi_state.clipping_threshold is None:
+            raise ValueError(
+                "Expected a state with a clipping_threshold (from init of a DPSVI with adaptive_clipping), got "
+                "svi_state.clipping_threshold=None.")
+        return svi_state.clipping_threshold
+
+    def _next_threshold(self, svi_state, result, mask, C, expected_batch_size, count_key):
+        """``C_{t+1}`` of adaptive clipping, from the noisy count of the
+        records whose norm is at most ``C`` (:mod:`d3p._adaptive`); without
+        it, the state's field unchanged."""
+        settings = self.adaptive_clipping
+        if settings is None:
+            return svi_state.clipping_threshold
+        fraction = _adaptive.noisy_fraction(result.norms, mask, C, settings.count_std(expected_batch_size),
+                                            expected_batch_size, count_key, self.rng_suite)
+        return _adaptive.next_threshold(C, fraction, settings)
 
     def discrete_plan(self, params) -> "discrete.DiscretePlan":
         """The public constants of ``noise="discrete"`` for parameters shaped like
@@ -874,35 +1040,47 @@ class DPSVI(SVI):
         """``trees`` placed whole on every device of the mesh, if there is one."""
         return _sharding.replicate(trees, _sharding.concrete_mesh(self._batch_layout()))
 
-    def _private_sum(self, loss_fn, params, records, mask, forward_mode, noise_key):
+    def _private_sum(self, loss_fn, params, records, mask, forward_mode, noise_key, C, shared=None):
         """``(ClippedSum, noisy sum)``: the clipped sum over records, over the
         devices of the mesh if there is one, and its noisy release (the noise
-        drawn once, for the whole sum), by the continuous or the discrete mechanism."""
+        drawn once, for the whole sum), by the continuous or the discrete
+        mechanism, with this step's clipping threshold ``C``. With ``shared``
+        (the key of the draw shared by the batch), ``loss_fn(shared)`` is the
+        loss of one record (see :meth:`_step_losses`)."""
+        loss_of = (lambda *_: loss_fn) if shared is None else loss_fn
         layout = self._batch_layout()
+        if self.adaptive_clipping is not None and layout is not None:
+            raise ValueError("Expected no mesh in context (jax.set_mesh) with adaptive_clipping: adaptive "
+                             "clipping runs on one device.")
         if self.noise == "discrete":
             plan = self.discrete_plan(params)
             discrete._check_slots(plan, gradients._batch_size(records))   # the whole batch's slots
 
-            def integer_sum(p, recs, m, num_shards):   # int32: exact whatever the number of shards
-                return discrete.clipped_integer_sum(loss_fn, p, recs, m, plan, forward_mode=forward_mode)
+            def integer_sum(p, recs, m, num_shards, *key):   # int32: exact whatever the number of shards
+                return discrete.clipped_integer_sum(loss_of(*key), p, recs, m, plan, forward_mode=forward_mode)
 
-            result = _sharding.sharded_sum(layout, integer_sum, params, records, mask)
+            result = _sharding.sharded_sum(layout, integer_sum, params, records, mask, shared)
             dtype = jnp.result_type(*jax.tree.leaves(params))
             noisy = discrete.add_discrete_gaussian_noise(result.grad_sum, noise_key, plan, self.rng_suite, dtype)
             noisy = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), noisy, params)
             return result, noisy
 
-        def float_sum(p, recs, m, num_shards):
+        def float_sum(p, recs, m, num_shards, *key):
             return clipped_grad_sum(
-                loss_fn, p, recs, m, self.clipping_threshold, strategy=self.gradient_strategy,
+                loss_of(*key), p, recs, m, C, strategy=self.gradient_strategy,
                 chunk_size=self.chunk_size, forward_mode=forward_mode,
                 memory_budget_bytes=self.memory_budget_bytes, on_choice=self._record_choice,
-                num_shards=num_shards,
+                num_shards=num_shards, threshold_bound=self._threshold_bound(),
             )
 
-        result = _sharding.sharded_sum(layout, float_sum, params, records, mask)
-        noisy = add_gaussian_noise(result.grad_sum, noise_key, self._sigma(), self.clipping_threshold, self.rng_suite)
+        result = _sharding.sharded_sum(layout, float_sum, params, records, mask, shared)
+        noisy = add_gaussian_noise(result.grad_sum, noise_key, self._sigma(), C, self.rng_suite)
         return result, noisy
+
+    def _threshold_bound(self) -> Optional[float]:
+        """The public upper bound of ``C`` that the sum's overflow check uses:
+        ``max_threshold`` with adaptive clipping, else None (``C`` itself)."""
+        return None if self.adaptive_clipping is None else self.adaptive_clipping.max_threshold
 
     def _step(self, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
         """One step: ``(new_state, loss, noisy_gradient)``; see :meth:`update`."""
@@ -1069,7 +1247,22 @@ class DPSVI(SVI):
         ``"delta"``) is returned for ``target`` (δ or ε)."""
         steps = _num_steps(q, num_epochs, num_iter)
         compute = getattr(_method_accounting(sampler, relation, self.noise), figure)
-        return compute(self._sigma(), q, steps, target, accountant=accountant)
+        return compute(self._accounted_sigma(self._sigma()), q, steps, target, accountant=accountant)
+
+    def _accounted_sigma(self, sigma: float, expected_batch_size: Optional[float] = None) -> float:
+        """The noise multiplier that steps with gradient noise multiplier
+        ``sigma`` are accounted with: ``sigma``, or with adaptive clipping
+        ``σ_eff`` of the gradient sum and the count together
+        (:meth:`AdaptiveClipping.effective_sigma`; the count noise for the public
+        ``expected_batch_size`` if ``count_noise`` is not given)."""
+        settings = self.adaptive_clipping
+        if settings is None:
+            return sigma
+        if settings.count_noise is None and expected_batch_size is None:
+            raise ValueError(
+                "Expected count_noise in AdaptiveClipping for get_epsilon and get_delta: the default count noise "
+                "(the expected batch size / 20) is known to run and update only, not from q.")
+        return _adaptive.effective_sigma(sigma, settings.count_std(expected_batch_size))
 
     # ------------------------------------------------------------------ run
 
@@ -1126,7 +1319,11 @@ class DPSVI(SVI):
             is calibrated by :func:`d3p.dputil.calibrate_sigma` for the
             sampler, relation, noise and number of steps of this run, at
             ``delta`` minus what Poisson batch overflow adds to it, and
-            reported as the result's ``sigma``. ``inf``: no noise.
+            reported as the result's ``sigma``. ``inf``: no noise. With
+            ``adaptive_clipping`` the calibrated σ is ``σ_eff`` of the
+            gradient and the count, and the gradient's noise multiplier is
+            :meth:`AdaptiveClipping.gradient_sigma` of it (``ValueError``
+            naming ``count_noise`` if the count noise is too small for it).
         :param float delta: the δ of ``epsilon`` (the same as ``target_delta``;
             give one of the two).
         :param PrivacyLedger ledger: record this run's steps in ``ledger``
@@ -1234,15 +1431,15 @@ class DPSVI(SVI):
         finally:
             self.dp_scale = given
 
-    @staticmethod
-    def _release(plan, N: int, num_steps: int, start_step: int, fingerprint) -> GaussianSteps:
+    def _release(self, plan, N: int, num_steps: int, start_step: int, fingerprint) -> GaussianSteps:
         """The ledger's record of a run: its steps, with the probability η that
         a Poisson batch overflowed its padded size (for the larger neighbour)."""
         sampler, acc = plan.sampler, plan.accounting
         eta = 0.0
         if acc.sampler == "poisson":
             eta = min(1.0, num_steps * _sampling.overflow_probability(N + 1, sampler.q, sampler.max_batch_size))
-        return GaussianSteps(f"DPSVI.run: {num_steps} steps", plan.sigma, float(sampler.q), num_steps,
+        sigma = self._accounted_sigma(plan.sigma, sampler.expected_batch_size)
+        return GaussianSteps(f"DPSVI.run: {num_steps} steps", sigma, float(sampler.q), num_steps,
                              str(acc.sampler), str(acc.relation), acc.noise, eta, start_step, fingerprint)
 
     def _run_plan(self, N, num_steps, batch_size, q, sampling, max_batch_size, target_delta, accountant,
@@ -1275,7 +1472,8 @@ class DPSVI(SVI):
         target_delta = _validate.open_unit("delta" if epsilon is not None else "target_delta", target_delta)
         _validate.warn_if_large_delta("target_delta", target_delta, N, stacklevel=4)
         sigma, target_delta = self._run_sigma(epsilon, acc, sampler, num_steps, target_delta, accountant)
-        tracker = acc.tracker(sigma, sampler.q, target_delta, num_steps=num_steps, accountant=accountant)
+        tracker = acc.tracker(self._accounted_sigma(sigma, sampler.expected_batch_size), sampler.q, target_delta,
+                              num_steps=num_steps, accountant=accountant)
         # public facts only: σ, C, the expected batch size, N and δ
         self._warn_if_all_noise(sampler.expected_batch_size, stacklevel=4, sigma=sigma)   # the caller of run
         return _RunPlan(sampler, acc, tracker, target_delta, sigma)
@@ -1304,6 +1502,9 @@ class DPSVI(SVI):
 
         sigma, _, _ = dputil.calibrate_sigma(epsilon, delta_run, sampler.q, num_steps, sampler=acc.sampler,
                                              relation=acc.relation, noise=acc.noise, accountant=accountant)
+        if self.adaptive_clipping is not None:   # σ is σ_eff of gradient and count: the gradient's share
+            return _adaptive.gradient_sigma(float(sigma), self.adaptive_clipping.count_std(
+                sampler.expected_batch_size)), delta_run
         return float(sigma), delta_run
 
     def _run_result(self, svi_state, losses, plan, N, num_steps, start_step=0) -> DPSVIRunResult:
@@ -1316,7 +1517,8 @@ class DPSVI(SVI):
             N, sampler.q, sampler.max_batch_size, num_steps, epsilon))
         return DPSVIRunResult(
             self.get_params(svi_state), svi_state, losses, epsilon=epsilon, delta=delta,
-            relation=acc.relation, sampler=acc.sampler, sigma=plan.sigma, q=sampler.q,
+            relation=acc.relation, sampler=acc.sampler,
+            sigma=self._accounted_sigma(plan.sigma, sampler.expected_batch_size), q=sampler.q,
             num_steps=num_steps, start_step=start_step,
         )
 

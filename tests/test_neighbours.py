@@ -12,7 +12,9 @@ Entry points and what is compared:
 
 - :meth:`DPSVI.init` (substitute): the initial state, identical;
 - :meth:`DPSVI.update` and :meth:`DPSVI.stable_update` (substitute, masked
-  out), among typical records and among records that all clip at ``C``
+  out), under the default ``formulation`` and the others (the prior and
+  guide terms inside or outside the clipped sum), among typical records and
+  among records that all clip at ``C``
   (where a normalisation that reads the data shows), σ = 0 and SGD with step
   size 1, jitted (default) and eager (slow), so that the released
   (normalised) gradient is the change of the parameters: within ``C`` (``2 C``
@@ -230,8 +232,8 @@ class _Step:
     records before any observation, so that both runs of a pair execute the
     same compiled program and only its run-time path is compared)."""
 
-    def __init__(self, method, jitted):
-        self.svi = make_svi(numpyro.optim.SGD(1.0), 0.0)
+    def __init__(self, method, jitted, formulation="auto"):
+        self.svi = make_svi(numpyro.optim.SGD(1.0), 0.0, formulation=formulation)
         self.state = _placeholder_state(self.svi)
         self.method, self.jitted, self._compiled = method, jitted, {}
 
@@ -263,10 +265,10 @@ class _Step:
 _steps = {}
 
 
-def _stepper(method, jitted):
-    if (method, jitted) not in _steps:
-        _steps[(method, jitted)] = _Step(method, jitted)
-    return _steps[(method, jitted)]
+def _stepper(method, jitted, formulation="auto"):
+    if (method, jitted, formulation) not in _steps:
+        _steps[(method, jitted, formulation)] = _Step(method, jitted, formulation)
+    return _steps[(method, jitted, formulation)]
 
 
 def update_release(stepper, data, relation):
@@ -295,14 +297,14 @@ def update_release(stepper, data, relation):
         sensitivity=sensitivity, tolerance=4 * EPS32 * size)
 
 
-def check_update(kind, relation, method, jitted, base="typical"):
-    stepper = _stepper(method, jitted)
+def check_update(kind, relation, method, jitted, base="typical", formulation="auto"):
+    stepper = _stepper(method, jitted, formulation)
     d, d2 = neighbours(relation, kind, base=base)
     stepper.prepare(d)
     stepper.prepare(d2)
     compare(observe(lambda: update_release(stepper, d, relation)),
             observe(lambda: update_release(stepper, d2, relation)),
-            not_private=["loss"], what=f"{method} {relation} {kind} among {base} records")
+            not_private=["loss"], what=f"{method} {relation} {kind} among {base} records ({formulation})")
 
 
 #: The relations of the update tables. Removal is compared as a record masked
@@ -340,6 +342,31 @@ UPDATE_SLOW = ([(k, r, "typical", "update", False) for k in EAGER_KINDS for r in
 @pytest.mark.parametrize("kind, relation, base, method, jitted", UPDATE_SLOW)
 def test_update_slow(kind, relation, base, method, jitted):
     check_update(kind, relation, method, jitted, base)
+
+
+#: DPSVI's formulations besides the default (``"auto"``, which is
+#: ``"own_sample"`` here, in the tables above): the model's prior and guide
+#: terms (the global site ``w``) inside each record's clipped ELBO
+#: (``"per_record"``), or added once per step after the noise with one guide
+#: draw shared by the batch (``"shared_sample"``); either way the released
+#: sum moves by at most C (2 C substituted).
+OTHER_FORMULATIONS = ("per_record", "shared_sample")
+
+
+@pytest.mark.parametrize("formulation, relation", [("per_record", "substitute"), ("shared_sample", "mask")])
+@pytest.mark.parametrize("kind", ["x_nan", "x_1e30"])
+def test_update_other_formulations(kind, relation, formulation):
+    """(One compiled step each; the slow step runs every kind, relation and base.)"""
+    check_update(kind, relation, "update", jitted=True, base="clipped", formulation=formulation)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("formulation", OTHER_FORMULATIONS)
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("relation", RELATIONS)
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_update_formulations_slow(kind, relation, base, formulation):
+    check_update(kind, relation, "update", jitted=True, base=base, formulation=formulation)
 
 
 # ---------------------------------------------------------------- DPSVI.run

@@ -36,8 +36,18 @@ def test_update_releases_grid_multiples():
     plan = svi.discrete_plan(params)
     assert plan.num_params == 2 and plan.dp_scale == 1.0 and plan.clipping_threshold == 2.0
     _, grad, _ = svi._noisy_gradient(state, (XS[:20],), {}, None, None, False)
-    # the noisy sum is grid * integers, then scaled by the public factor N / B
+    # the same key with every record masked out: the same noise and the same prior
+    # and guide terms (added once per step after the noise, see DPSVI's formulation)
+    _, nothing, _ = svi._noisy_gradient(state, (XS[:20],), {}, jnp.zeros(20, bool), None, False)
+    # the noisy sums are grid * integers, scaled by the public factor N / B
     factor = 200 / 20
+    for g, g0 in zip(jax.tree.leaves(grad), jax.tree.leaves(nothing)):
+        steps = (np.asarray(g, np.float64) - np.asarray(g0, np.float64)) / factor / plan.grid
+        np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)
+    # with d3p 0.2's formulation the released gradient itself is such a multiple
+    old = make_svi(formulation="per_record")
+    old_state = old.init(d3p.random.PRNGKey(0), XS[:20])
+    _, grad, _ = old._noisy_gradient(old_state, (XS[:20],), {}, None, None, False)
     for g in jax.tree.leaves(grad):
         steps = np.asarray(g, np.float64) / factor / plan.grid
         np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)

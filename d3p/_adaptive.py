@@ -1,0 +1,239 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Adaptive clipping: the clipping threshold ``C`` follows a private estimate
+of a quantile of the per-record gradient norms.
+
+The method is that of Andrew, Thakkar, McMahan & Ramaswamy, "Differentially
+private learning with adaptive clipping" (NeurIPS 2021). Each step, beside the
+noisy gradient sum, releases the noisy count of the records whose gradient
+norm is at most the current ``C_t``, and moves ``C`` geometrically towards
+the target quantile:
+
+- ``b_i = 1[‖g_i‖ <= C_t]`` for every real record (padded records count
+  nothing; a record whose gradient is not finite has ``b_i = 0``);
+- the count ``Σ_i (b_i - 1/2)`` over the real records, plus Gaussian noise of
+  standard deviation ``σ_b``: one record changes it by at most 1/2 when it
+  is added or removed and by at most 1 when it is substituted;
+- ``b̃ = noisy count / B_e + 1/2`` with ``B_e`` the public expected batch size;
+- ``C_{t+1} = clip(C_t exp(-η (b̃ - γ)), C_min, C_max)``.
+
+The gradient sum (sensitivity ``C_t``) with noise ``σ C_t`` and the count
+(sensitivity 1/2) with noise ``σ_b`` are released on the same batch: in units
+of their noise, one record's contribution to the pair is a vector of norm at
+most ``sqrt(σ^-2 + (2 σ_b)^-2)``, so the pair is one Gaussian mechanism with
+sensitivity 1 and noise multiplier
+``σ_eff = (σ^-2 + (2 σ_b)^-2)^(-1/2)`` (:func:`effective_sigma`); a
+substitution doubles both sensitivities, which is exactly how the accounting
+of one Gaussian sum treats it. A run is therefore accounted as DP-SGD with
+noise multiplier ``σ_eff`` through :func:`d3p.accounting.accounting_for`.
+The derivation is in the privacy guide (docs/privacy.md, "Adaptive
+clipping").
+
+:class:`AdaptiveClipping` holds the public settings (re-exported as
+:class:`d3p.svi.AdaptiveClipping`); the functions are the step's pure math,
+used by :class:`d3p.svi.DPSVI`.
+"""
+
+import math
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from d3p import _validate
+from d3p.gradients import add_gaussian_noise
+
+__all__ = [
+    "AdaptiveClipping",
+    "effective_sigma",
+    "gradient_sigma",
+    "centred_count",
+    "noisy_fraction",
+    "next_threshold",
+]
+
+#: The default count noise: the expected batch size over this (Andrew et al. 2021).
+COUNT_NOISE_DIVISOR = 20.0
+#: The default bounds of ``C``: the initial threshold divided and multiplied by this.
+BOUND_FACTOR = 1000.0
+
+
+def effective_sigma(sigma: float, count_noise: float) -> float:
+    """``σ_eff = (σ^-2 + (2 σ_b)^-2)^(-1/2)``: the noise multiplier of the
+    gradient sum (noise multiplier ``sigma``) and the count (noise std
+    ``count_noise``, sensitivity 1/2) released together; 0 if either is 0.
+
+    >>> round(effective_sigma(1.0, 0.5), 6)   # equal shares: sqrt(1/2)
+    0.707107
+    """
+    sigma = _validate.non_negative("dp_scale", sigma)
+    count_noise = _validate.non_negative("count_noise", count_noise)
+    if sigma == 0 or count_noise == 0:
+        return 0.0
+    return (sigma**-2 + (2 * count_noise) ** -2) ** -0.5
+
+
+def gradient_sigma(sigma_eff: float, count_noise: float) -> float:
+    """The gradient's noise multiplier ``σ = (σ_eff^-2 - (2 σ_b)^-2)^(-1/2)``
+    for which :func:`effective_sigma` is ``sigma_eff`` (0 for 0), never
+    smaller than that; ``ValueError`` naming ``count_noise`` if the count
+    alone needs more than ``sigma_eff`` allows (``2 σ_b <= σ_eff``).
+
+    >>> round(gradient_sigma(0.707107, 0.5), 4)
+    1.0
+    """
+    sigma_eff = _validate.non_negative("sigma", sigma_eff)
+    count_noise = _validate.non_negative("count_noise", count_noise)
+    if sigma_eff == 0:
+        return 0.0
+    if not 2 * count_noise > sigma_eff:
+        raise ValueError(
+            f"Expected count_noise > sigma / 2 = {sigma_eff / 2:.4g} for adaptive clipping at the calibrated "
+            f"noise multiplier sigma={sigma_eff:.4g} (the count's share of the budget would leave the gradient "
+            f"none), got count_noise={count_noise:.4g}. Give a larger count_noise to AdaptiveClipping, or ask "
+            "for a larger epsilon (or fewer steps).")
+    sigma = (sigma_eff**-2 - (2 * count_noise) ** -2) ** -0.5
+    while effective_sigma(sigma, count_noise) < sigma_eff:   # rounding: never below the calibrated σ_eff
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma
+
+
+class AdaptiveClipping(NamedTuple):
+    """Adaptive clipping for :class:`d3p.svi.DPSVI`: the clipping threshold
+    follows a private estimate of the ``target_quantile`` of the per-record
+    gradient norms (Andrew, Thakkar, McMahan & Ramaswamy 2021).
+
+    Pass it as ``DPSVI(..., clipping_threshold=C0, adaptive_clipping=AdaptiveClipping())``
+    (or ``adaptive_clipping=True`` for these defaults): ``C0`` is the first
+    step's threshold; the current one is the state's ``clipping_threshold``.
+    Each step releases, beside the noisy gradient sum, the noisy count of the
+    records whose gradient norm is at most ``C_t``, from which
+    ``C_{t+1} = C_t exp(-η (b̃ - γ))``, clamped to ``[min_threshold,
+    max_threshold]``, with ``b̃`` the estimated fraction (see
+    :mod:`d3p._adaptive` and the privacy guide).
+
+    - **target_quantile** - ``γ`` in (0, 1); default 0.5 (the median, the
+      paper's choice).
+    - **learning_rate** - ``η > 0`` of the geometric update; default 0.2 (the
+      paper's choice; without noise ``C`` changes by at most a factor
+      ``e^{η max(γ, 1 - γ)}`` per step).
+    - **count_noise** - ``σ_b >= 0``, the standard deviation of the count's
+      noise; default None: the expected batch size over 20 (the paper's
+      choice), ``B / 20`` in :meth:`d3p.svi.DPSVI.update`.
+    - **min_threshold**, **max_threshold** - public bounds of ``C``; default
+      None: the initial threshold divided and multiplied by 1000. The
+      overflow check of the sum uses ``max_threshold``.
+
+    **Formal guarantees.**
+
+    - Relation: add/remove one record (the count moves by at most 1/2) or
+      substitute one (at most 1); padded records count nothing, and a record
+      with a non-finite gradient counts as above ``C`` (``b_i = 0``).
+    - Each step's gradient sum and count together are one Gaussian mechanism
+      with noise multiplier ``σ_eff = (σ^-2 + (2 σ_b)^-2)^(-1/2)`` under
+      either relation; a run is accounted at ``σ_eff`` for its sampler.
+    - ``C_{t+1}`` is post-processing of the released count; the bounds and
+      the estimate use public constants only (never the realised count).
+    """
+
+    target_quantile: float = 0.5
+    learning_rate: float = 0.2
+    count_noise: Optional[float] = None
+    min_threshold: Optional[float] = None
+    max_threshold: Optional[float] = None
+
+    #: :func:`effective_sigma`, as a static method.
+    effective_sigma = staticmethod(effective_sigma)
+    #: :func:`gradient_sigma`, as a static method.
+    gradient_sigma = staticmethod(gradient_sigma)
+
+    def count_std(self, expected_batch_size) -> float:
+        """``σ_b``: ``count_noise``, or the public ``expected_batch_size`` over 20."""
+        if self.count_noise is not None:
+            return self.count_noise
+        if isinstance(expected_batch_size, jax.core.Tracer):
+            raise ValueError("Expected a concrete expected_batch_size with adaptive clipping's default "
+                             "count_noise (expected batch size / 20), got a traced one: give count_noise to "
+                             "AdaptiveClipping.")
+        return float(expected_batch_size) / COUNT_NOISE_DIVISOR
+
+
+def resolve(value, clipping_threshold: float, *, noise: str = "gaussian", mesh=None) -> Optional[AdaptiveClipping]:
+    """``DPSVI``'s ``adaptive_clipping`` argument checked and completed for the
+    initial threshold ``clipping_threshold`` (None or False: None; True: the
+    defaults), with every bound filled in; refused with ``noise="discrete"``
+    and with a ``mesh`` (neither is supported)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = AdaptiveClipping()
+    if not isinstance(value, AdaptiveClipping):
+        raise TypeError(f"Expected adaptive_clipping to be None, True or a d3p.svi.AdaptiveClipping, got "
+                        f"adaptive_clipping={value!r}.")
+    if noise != "gaussian":
+        raise ValueError(f"Expected noise='gaussian' with adaptive_clipping, got noise={noise!r}: the discrete "
+                         "mechanism's grid and accounting are for a fixed clipping_threshold.")
+    if mesh is not None:
+        raise ValueError("Expected mesh=None with adaptive_clipping, got a mesh: adaptive clipping runs on one "
+                         "device (its count over the records is not sharded).")
+    gamma = _validate.number("target_quantile", value.target_quantile, low=0.0, high=1.0, low_open=True,
+                             high_open=True)
+    eta = _validate.positive("learning_rate", value.learning_rate)
+    count_noise = None if value.count_noise is None else _validate.non_negative("count_noise", value.count_noise)
+    if not math.isfinite(clipping_threshold):
+        raise ValueError(f"Expected a finite clipping_threshold with adaptive_clipping (the first step's C), "
+                         f"got clipping_threshold={clipping_threshold}.")
+    low = clipping_threshold / BOUND_FACTOR if value.min_threshold is None else \
+        _validate.positive("min_threshold", value.min_threshold)
+    high = clipping_threshold * BOUND_FACTOR if value.max_threshold is None else \
+        _validate.positive("max_threshold", value.max_threshold)
+    if not low <= clipping_threshold <= high:
+        raise ValueError(f"Expected min_threshold <= clipping_threshold <= max_threshold, got "
+                         f"min_threshold={low}, clipping_threshold={clipping_threshold}, max_threshold={high}.")
+    return AdaptiveClipping(gamma, eta, count_noise, low, high)
+
+
+def centred_count(norms: jax.Array, mask: Optional[jax.Array], clipping_threshold) -> jax.Array:
+    """``Σ_i (b_i - 1/2)`` over the real records, ``b_i = 1[norms_i <= C]``
+    (0 for a non-finite norm), exactly (integers, then halved), as a 0-d
+    array of JAX's default float dtype.
+
+    :param norms: ``(B,)``, per record the bound of its gradient norm
+        (:attr:`d3p.gradients.ClippedSum.norms`).
+    :param mask: boolean ``(B,)``, True for real records, or None (all real).
+    :param clipping_threshold: ``C_t`` (a number or a 0-d array).
+
+    **Formal guarantees.** Every real record adds ``+1/2`` or ``-1/2`` and a
+    padded one nothing, whatever its norm (NaN, inf or huge included): adding
+    or removing one record moves the count by at most 1/2, substituting one
+    by at most 1.
+    """
+    norms = jnp.asarray(norms)
+    real = jnp.ones(norms.shape, bool) if mask is None else jnp.asarray(mask, bool)
+    below = real & jnp.isfinite(norms) & (norms <= clipping_threshold)
+    twice = 2 * jnp.sum(below, dtype=jnp.int32) - jnp.sum(real, dtype=jnp.int32)
+    return twice.astype(jnp.result_type(float)) * 0.5
+
+
+def noisy_fraction(norms, mask, clipping_threshold, count_noise: float, expected_batch_size: float,
+                   noise_key, rng_suite) -> jax.Array:
+    """``b̃``: the estimated fraction of records with norm at most ``C``,
+    ``(centred_count + N(0, σ_b²)) / B_e + 1/2`` with ``σ_b = count_noise``
+    and ``B_e`` the public ``expected_batch_size``. The noise is drawn by
+    :func:`d3p.gradients.add_gaussian_noise` (noise multiplier ``2 σ_b`` at
+    sensitivity 1/2) from ``noise_key``.
+
+    **Formal guarantees.** The count (:func:`centred_count`) is released with
+    Gaussian noise of standard deviation ``count_noise``; everything after
+    it uses public constants only.
+    """
+    count = centred_count(norms, mask, clipping_threshold)
+    noisy = add_gaussian_noise(count, noise_key, 2.0 * count_noise, 0.5, rng_suite)
+    return noisy / jnp.asarray(expected_batch_size, noisy.dtype) + 0.5
+
+
+def next_threshold(clipping_threshold, fraction, settings: AdaptiveClipping) -> jax.Array:
+    """``clip(C exp(-η (b̃ - γ)), C_min, C_max)`` of the resolved ``settings``
+    (post-processing of the released ``fraction`` b̃), in ``C``'s dtype."""
+    C = jnp.asarray(clipping_threshold)
+    step = jnp.exp(-settings.learning_rate * (fraction - settings.target_quantile))
+    return jnp.clip(C * step.astype(C.dtype), settings.min_threshold, settings.max_threshold).astype(C.dtype)
