@@ -1,10 +1,48 @@
 """Shared test set-up."""
 
 import gc
+import os
 import pathlib
 
 import jax
 import pytest
+
+#: Environment variables that turn on JAX's persistent compilation cache for
+#: the test run; set in this process before anything compiles, and inherited
+#: by the subprocesses that tests start (examples, the multi-device runs).
+COMPILATION_CACHE_ENV = {
+    "JAX_COMPILATION_CACHE_DIR": str(pathlib.Path(__file__).resolve().parent.parent
+                                     / ".pytest_cache" / "jax-compilation-cache"),
+    # a file lock shared by the workers comes with the size limit (filelock)
+    "JAX_COMPILATION_CACHE_MAX_SIZE": str(2 << 30),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.25",
+}
+
+
+def _use_compilation_cache() -> None:
+    """Keep compiled XLA programs on disk, shared by test modules, workers and CI's steps.
+
+    Most of a test's CPU time is XLA compilation, and
+    :func:`_release_compiled_code` drops the executables held in memory after
+    every module. JAX's persistent cache stores each executable under a key of
+    the program (its HLO), the backend, the JAX version and the flags, so the
+    same program compiled by another module, worker or later pytest run is
+    loaded instead of compiled again; what runs is the executable that
+    compiling gives, so results are unchanged. It lives in
+    ``.pytest_cache/jax-compilation-cache`` (at most 2 GiB, least recently
+    used entries evicted); a ``JAX_COMPILATION_CACHE_DIR`` already set is
+    used instead, and ``D3P_TEST_COMPILATION_CACHE=0`` turns it off."""
+    if os.environ.get("D3P_TEST_COMPILATION_CACHE", "1") == "0":
+        return
+    for name, value in COMPILATION_CACHE_ENV.items():
+        os.environ.setdefault(name, value)
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+_use_compilation_cache()
 
 #: The modules CI runs a second time under 64-bit JAX (``JAX_ENABLE_X64=1
 #: pytest -m x64``, the fourth step), each with the reason: d3p's code takes

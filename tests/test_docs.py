@@ -85,6 +85,7 @@ def _inventory(path):
     return entries
 
 
+@pytest.mark.slow
 def test_docs_build_without_warnings(html_build):
     proc, html = html_build
     assert proc.returncode == 0, f"sphinx-build failed:\n{proc.stdout}\n{proc.stderr}"
@@ -95,6 +96,7 @@ def test_docs_build_without_warnings(html_build):
         assert (html / f"{page}.html").is_file(), page
 
 
+@pytest.mark.slow
 def test_api_reference_covers_every_public_name(html_build):
     _, html = html_build
     documented = _inventory(html / "objects.inv")
@@ -120,6 +122,7 @@ def _built_pages(html):
     return sorted(path for path in html.rglob("*.html"))
 
 
+@pytest.mark.slow
 def test_html_shows_no_build_machine_paths(html_build):
     """Signatures show defaults as written (``rng_suite=d3p.random``), not a
     module's repr with the file it was loaded from."""
@@ -136,6 +139,7 @@ def test_html_shows_no_build_machine_paths(html_build):
     assert re.search(r"rng_suite</span>.{0,200}d3p\.random<", svi, flags=re.S), "no rng_suite=d3p.random"
 
 
+@pytest.mark.slow
 def test_theme_is_furo_and_pages_scale_to_the_screen(html_build):
     _, html = html_build
     for name in ["index", "api", "api/d3p.svi", "gallery/index"]:
@@ -203,6 +207,7 @@ class _LayoutParser(html.parser.HTMLParser):
 MAX_INLINE_CODE_WORD = 60
 
 
+@pytest.mark.slow
 def test_pages_fit_a_phone_screen(html_build):
     """Nothing in the main text of a page widens it beyond a 390 px screen:
     tables and display maths scroll in their own box, images scale down,

@@ -656,6 +656,7 @@ print("ok")
 '''
 
 
+@pytest.mark.slow
 def test_default_float_dtype_is_float64_under_x64_in_a_subprocess():
     """Without a dtype, normal and uniform draw JAX's default float dtype; the
     float64 samples have the right distribution (x64 is process-wide, hence

@@ -2,7 +2,7 @@
 
 The sharded step itself is checked on 8 CPU host devices in a subprocess
 (``tests/multi_device/check_sharding.py``: the device count must be set before
-JAX initialises); here, on whatever devices this process has: the argument
+JAX initialises), in CI's slow step; here, in the default step, on whatever devices this process has: the argument
 checks, the cross-device term of the certified bound, and the refusal of a
 step traced inside ``shard_map``.
 """
@@ -48,16 +48,13 @@ def _run_checks(marker: str):
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
 
 
-def test_sharded_step_on_eight_host_devices():
-    """Equality with one device, bound, noise and sensitivity on 1 to 8 devices
-    (see the checks' module documentation)."""
-    _run_checks("not slow")
-
-
 @pytest.mark.slow
-def test_sharded_step_on_eight_host_devices_slow():
-    """Every paper model x strategy x device count x sampler."""
-    _run_checks("slow")
+def test_sharded_step_on_eight_host_devices():
+    """Equality with one device, bound, noise and sensitivity on 1 to 8
+    devices, for every paper model x strategy x device count x sampler (see
+    the checks' module documentation). In the slow step: the subprocess
+    starts JAX again and compiles every program for 8 devices."""
+    _run_checks("slow or not slow")
 
 
 def _data(B=6):

@@ -168,6 +168,7 @@ def _assert_svi_param_shapes(params, model, guide, xs):
 # slow: TraceMeanField_ELBO (one more compilation; the same DPSVI code path as Trace_ELBO)
 @pytest.mark.parametrize("elbo", [Trace_ELBO, pytest.param(TraceMeanField_ELBO, marks=SLOW)])
 @pytest.mark.float32
+@pytest.mark.slow
 def test_elbos_autonormal_and_predictive(elbo):
     guide = AutoNormal(normal2_model)
     svi = DPSVI(normal2_model, guide, numpyro.optim.Adam(_decay(0.2)), elbo(), **SMALL_NOISE, N=N)
@@ -193,6 +194,7 @@ def test_elbos_autonormal_and_predictive(elbo):
 @pytest.mark.parametrize("guide_class", [pytest.param(AutoDiagonalNormal, marks=SLOW),
                                          pytest.param(AutoLowRankMultivariateNormal, marks=SLOW), AutoDelta])
 @pytest.mark.float32
+@pytest.mark.slow
 def test_autoguides(guide_class):
     # AutoNormal: in test_elbos_autonormal_and_predictive
     guide = guide_class(normal2_model)
@@ -223,6 +225,7 @@ def test_autoguides(guide_class):
         ),
     ],
 )
+@pytest.mark.slow
 def test_optimizers(make_optim):
     guide = AutoDiagonalNormal(normal_model)
     svi = DPSVI(normal_model, guide, make_optim(), Trace_ELBO(), **SMALL_NOISE, N=N)
@@ -231,6 +234,7 @@ def test_optimizers(make_optim):
     assert abs(float(guide.median(result.params)["mu"]) - xs.mean()) < 0.3
 
 
+@pytest.mark.slow
 def test_params_in_model_and_guide():
     xs = _data(sd=2.0)
     svi = DPSVI(param_model, param_guide, numpyro.optim.Adam(_decay(0.2)), Trace_ELBO(),
@@ -244,6 +248,7 @@ def test_params_in_model_and_guide():
     assert float(params["mu_scale"]) > 0
 
 
+@pytest.mark.slow
 def test_several_observed_sites_under_one_plate():
     xs = _data(seed=1)
     ys = (-2.0 + np.random.default_rng(2).standard_normal(N)).astype(np.float32)
@@ -322,6 +327,7 @@ def test_update_in_lax_scan(delta):
     assert losses.shape == (5,)
 
 
+@pytest.mark.slow
 def test_evaluate_matches_elbo(delta):
     value = delta.noisy.evaluate(delta.state, delta.batch)
     params = delta.noisy.get_params(delta.state)
@@ -385,6 +391,7 @@ def _no_privacy_svi():
 
 
 @pytest.mark.parametrize("sampling, stable", [("fixed", False), ("poisson", True)])
+@pytest.mark.slow
 def test_run_step_is_update_on_the_sampled_batch(sampling, stable):
     """dp_scale=0, C=inf: run's step i equals update on exactly the records that
     ``sampler.sample(fold_in(batch_key, i))`` picks (and stable_update when asked), and
@@ -410,6 +417,7 @@ def test_run_step_is_update_on_the_sampled_batch(sampling, stable):
 
 
 @pytest.mark.parametrize("sampling", ["fixed", pytest.param("poisson", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_run_subsamples_outlier_visible_only_in_its_batches(sampling):
     """A record with a huge value makes the loss huge exactly at the steps whose
     batch (re-derived from run's key use) contains it."""
@@ -426,6 +434,7 @@ def test_run_subsamples_outlier_visible_only_in_its_batches(sampling):
     np.testing.assert_array_equal(np.asarray(result.losses) > 1e5, contains)
 
 
+@pytest.mark.slow
 def test_run_poisson_overflow_probability_adds_to_delta():
     """A padded size that overflows with non-negligible probability: run's δ is
     target + (1 + e^ε) T P(K > m), K ~ Binomial(N + 1, q) (computed here with scipy)."""
@@ -453,6 +462,7 @@ def test_run_poisson_overflow_probability_adds_to_delta():
         pytest.param("poisson", "add_remove", True, marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow
 def test_run_result_progress_bar_epsilon_and_continuation(sampling, relation, compare_bar):
     svi = DPSVI(normal_model, AutoNormal(normal_model), numpyro.optim.Adam(0.05), Trace_ELBO(),
                 clipping_threshold=2.0, dp_scale=1.0, N=N_SMALL)
@@ -530,6 +540,7 @@ def _kinds(fn):
 
 
 @pytest.mark.parametrize("method", ["run", "update", "init", "stable_update", "evaluate"])
+@pytest.mark.slow
 def test_method_accepts_every_svi_parameter(method):
     svi_method, dp_method = getattr(SVI, method), getattr(DPSVI, method)
     svi_params, dp_params = _named_params(svi_method), _named_params(dp_method)
@@ -621,6 +632,7 @@ def paper_infer(data, labels, batch_size, num_iter, epsilon, delta, rng_key):
     return dpsvi.get_params(svi_state)
 
 
+@pytest.mark.slow
 def test_paper_listing_runs():
     from sklearn.datasets import load_breast_cancer
 
@@ -746,6 +758,7 @@ def _scaled_model(xs, N, weight=1.0):
         numpyro.sample("x", dist.Normal(mu, 1.0), obs=xs)
 
 
+@pytest.mark.slow
 def test_get_observations_scale():
     xs = jnp.zeros(10)
     assert get_observations_scale(normal_model, (xs,), {"N": 100}, {"mu": 0.3}) == 10.0
@@ -853,6 +866,7 @@ def scaled():
                            update=jax.jit(svi.update))
 
 
+@pytest.mark.slow
 def test_state_observation_scale(scaled):
     """observation_scale holds one record's likelihood scale, as d3p 0.2's state did
     (issue 29, item 4): N times the model's constant scale factor, not N / B."""
@@ -879,6 +893,7 @@ def test_state_observation_scale(scaled):
     assert update(bare, _data()[:10])[0].observation_scale is None
 
 
+@pytest.mark.slow
 def test_state_observation_scale_without_unscaling():
     svi = DPSVI(normal_model, AutoDelta(normal_model), numpyro.optim.SGD(1e-3), Trace_ELBO(),
                 clipping_threshold=2.0, dp_scale=1.0, clip_unscaled_observations=False, N=N)
@@ -888,6 +903,7 @@ def test_state_observation_scale_without_unscaling():
     assert float(svi.update(state, _data()[:8])[0].observation_scale) == 1.0
 
 
+@pytest.mark.slow
 def test_init_then_update_in_loops(scaled):
     svi, state, batch = scaled.svi, scaled.state, _data()[:10]
 
@@ -931,6 +947,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_init_then_update_in_loops_under_x64():
     """As test_init_then_update_in_loops with jax_enable_x64, in a subprocess (a process-wide flag)."""
     import os

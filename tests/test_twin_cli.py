@@ -44,6 +44,7 @@ def run_main(args, capsys):
     return code, out, err
 
 
+@pytest.mark.slow
 def test_full_run_writes_outputs_and_summary(tmp_path, capsys):
     inp = write_csv(tmp_path / "in.csv", good_frame())
     before = sha256(inp)

@@ -383,6 +383,7 @@ def _parts(num_columns, cliques):
     return part
 
 
+@pytest.mark.slow
 def test_a_wide_table_gets_a_spanning_tree_chosen_with_msts_score(monkeypatch):
     """More than MAX_ROUNDS + 1 columns: D - 1 rounds (the budget split as before), each
     offered only the tables that join two parts of the graph of the tables measured
