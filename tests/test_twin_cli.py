@@ -261,3 +261,25 @@ def test_family_option(capsys):
     assert parse(["--family", "marginal"]).family == "marginal"
     assert parse([]).family == "auto"
     assert "--family" in parse_error(["--family", "graph"], capsys)
+
+
+@pytest.mark.slow
+def test_adaptive_clipping_option(tmp_path, capsys):
+    """``--adaptive-clipping [QUANTILE]`` fits the mixture with adaptive clipping
+    and says so; a quantile outside (0, 1) and the marginal family are refused
+    in flag terms before anything is written."""
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "2", "--steps", "10", "--components", "2",
+                               "--adaptive-clipping", "0.9", "--seed", "1", "--no-progress", "--no-utility"],
+                              capsys)
+    assert code == 0, err
+    assert "adaptive clipping to the 0.9 quantile, C = 1 -> " in out
+    for bad, match in ((["--adaptive-clipping", "1.5"], "argument --adaptive-clipping"),
+                       (["--adaptive-clipping", "--family", "marginal"], "--adaptive-clipping")):
+        out_csv = tmp_path / "bad.csv"
+        try:   # argparse exits; a refused combination returns the status
+            code = main([inp, str(out_csv), "--epsilon", "1", *bad])
+        except SystemExit as exc:
+            code = exc.code
+        assert code == EXIT_BAD_INPUT
+        assert match in capsys.readouterr().err and not out_csv.exists()

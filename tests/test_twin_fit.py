@@ -534,3 +534,38 @@ def test_generate_argument_messages(fitted, kwargs, message):
     with pytest.raises(ValueError) as e:
         fitted.twin.generate(rng_key=0, **kwargs)
     assert str(e.value) == message
+
+
+@pytest.mark.slow
+def test_adaptive_clipping_is_accounted_with_its_counts():
+    """``adaptive_clipping``: σ is calibrated as the effective noise multiplier of
+    the gradient sums and the counts together, the gradient's own σ is larger,
+    and dp-accounting at the effective σ computed here from the two (not by d3p)
+    meets the target ε."""
+    from dp_accounting import GaussianDpEvent, NeighboringRelation, PoissonSampledDpEvent
+    from dp_accounting.pld import pld_privacy_accountant
+
+    df = small_frame()
+    tw = twin.fit(df, EPS, 1e-5, rng_key=d3p.random.PRNGKey(2), schema=explicit_schema(), num_components=2,
+                  num_steps=STEPS, q=0.2, progress_bar=False,
+                  adaptive_clipping=d3p.svi.AdaptiveClipping(target_quantile=0.9))
+    info = tw.fit_info["adaptive_clipping"]
+    assert info["target_quantile"] == 0.9 and info["count_noise"] == 0.2 * len(df) / 20
+    assert info["final_clipping_threshold"] != tw.privacy["clipping_threshold"]   # C moved
+    sigma, count_noise = info["gradient_sigma"], info["count_noise"]
+    sigma_eff = (sigma**-2 + (2 * count_noise) ** -2) ** -0.5
+    assert sigma > tw.privacy["sigma"] and sigma_eff >= tw.privacy["sigma"]
+    ref = pld_privacy_accountant.PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE)
+    ref.compose(PoissonSampledDpEvent(0.2, GaussianDpEvent(sigma_eff)), STEPS)
+    assert ref.get_epsilon(1e-5) <= EPS * (1 + 1e-3)
+    assert tw.privacy["epsilon"] <= EPS
+    # the count's share of the budget is real: the gradient's σ alone would claim a smaller ε
+    alone = pld_privacy_accountant.PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE)
+    alone.compose(PoissonSampledDpEvent(0.2, GaussianDpEvent(sigma)), STEPS)
+    assert alone.get_epsilon(1e-5) < 0.99 * ref.get_epsilon(1e-5)
+
+
+def test_adaptive_clipping_is_refused_with_the_marginal_family():
+    with pytest.raises(ValueError, match="adaptive_clipping with family='marginal'"):
+        twin.fit(small_frame(), EPS, rng_key=0, schema=explicit_schema(), family="marginal",
+                 adaptive_clipping=True, progress_bar=False)

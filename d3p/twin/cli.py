@@ -58,16 +58,18 @@ _DELTA = _validate.cli_option(_validate.open_unit)
 _Q = _validate.cli_option(_validate.probability)
 _POSITIVE_INT = _validate.cli_option(_validate.integer, minimum=1, integral=True)
 _POSITIVE_FLOAT = _validate.cli_option(_validate.positive)
+_OPEN_UNIT = _validate.cli_option(_validate.open_unit)
 _INTEGER = _validate.cli_option(_validate.integer, integral=True)
 
 #: :func:`d3p.twin.fit`'s argument names, as options of ``twin`` (for its messages).
 _OPTIONS = {"epsilon": "--epsilon", "delta": "--delta", "num_components": "--components", "num_steps": "--steps",
             "q": "--q", "sampling": "--sampling", "clipping_threshold": "--clip", "learning_rate": "--learning-rate",
-            "max_levels": "--max-levels", "family": "--family", "target": "--target"}
+            "max_levels": "--max-levels", "family": "--family", "target": "--target",
+            "adaptive_clipping": "--adaptive-clipping", "count_noise": "--adaptive-clipping"}
 _VALUES = {"sampling": {"fixed_size": "fixed"}}
 #: The options that set up the mixture fitted with DP-VI (they select it with --family auto).
 _MIXTURE_OPTIONS = (("components", "--components"), ("steps", "--steps"), ("q", "--q"), ("clip", "--clip"),
-                    ("learning_rate", "--learning-rate"))
+                    ("learning_rate", "--learning-rate"), ("adaptive_clipping", "--adaptive-clipping"))
 
 
 def _seed(text: str) -> int:
@@ -116,6 +118,11 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="batch sampling: poisson (add/remove relation, default) or fixed (substitute)")
     parser.add_argument("--clip", type=_POSITIVE_FLOAT, default=None, metavar="C",
                         help="clipping threshold of per-record gradients (default 1.0)")
+    parser.add_argument("--adaptive-clipping", type=_OPEN_UNIT, nargs="?", const=0.5, default=None,
+                        metavar="QUANTILE",
+                        help="let the clipping threshold follow a private estimate of this quantile of the "
+                             "per-record gradient norms (default quantile 0.5; --clip is then the first "
+                             "threshold); its noisy counts are accounted with the gradients, in the same epsilon")
     parser.add_argument("--learning-rate", type=_POSITIVE_FLOAT, default=None, metavar="LR",
                         help="initial Adam step size, decaying (cosine) to 5%% of it (default 0.05)")
     parser.add_argument("--schema", default=None, metavar="schema.json",
@@ -433,11 +440,13 @@ def _save_ledger(args, ledger, twin) -> None:
 
 
 def _fit(args, data, schema, key, ledger=None):
+    from d3p.svi import AdaptiveClipping
     from d3p.twin.inference import DEFAULT_CLIPPING_THRESHOLD, DEFAULT_LEARNING_RATE, fit
     from d3p.twin.schema import DEFAULT_MAX_LEVELS, SchemaInferenceWarning
 
     family = args.family
-    if family == "auto" and (args.clip is not None or args.learning_rate is not None):
+    if family == "auto" and (args.clip is not None or args.learning_rate is not None
+                             or args.adaptive_clipping is not None):
         family = "mixture"  # the options of the mixture select it, as --steps does
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
@@ -450,7 +459,9 @@ def _fit(args, data, schema, key, ledger=None):
                    clipping_threshold=args.clip or DEFAULT_CLIPPING_THRESHOLD,
                    learning_rate=args.learning_rate or DEFAULT_LEARNING_RATE,
                    max_levels=args.max_levels or DEFAULT_MAX_LEVELS, target=args.target,
-                   progress_bar=not args.no_progress, ledger=ledger)
+                   progress_bar=not args.no_progress, ledger=ledger,
+                   adaptive_clipping=(None if args.adaptive_clipping is None
+                                      else AdaptiveClipping(target_quantile=args.adaptive_clipping)))
     _report_warnings(caught)
     return twin
 
@@ -534,7 +545,11 @@ def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str
         lines.append(f"  model     graphical model on {_plural(p['num_measurements'], 'noisy marginal table')}, "
                      f"{_plural(len(twin.schema), 'column')}, {_plural(num_records, 'record')} (N treated as public)")
     else:
-        lines.append(f"  noise     sigma = {p['sigma']:.4g}, clipping threshold C = {p['clipping_threshold']:g}, "
+        adaptive = twin.fit_info.get("adaptive_clipping")
+        clip = (f"clipping threshold C = {p['clipping_threshold']:g}" if adaptive is None else
+                f"adaptive clipping to the {adaptive['target_quantile']:g} quantile, C = "
+                f"{p['clipping_threshold']:g} -> {adaptive['final_clipping_threshold']:.4g}")
+        lines.append(f"  noise     sigma = {p['sigma']:.4g}, {clip}, "
                      f"q = {p['q']:.4g}, steps = {p['num_steps']}, seed: {seed_text}")
         lines.append(f"  model     {twin.model_spec.get('num_components')}-component mixture, "
                      f"{_plural(len(twin.schema), 'column')}, {_plural(num_records, 'record')} (N treated as public)")

@@ -25,7 +25,7 @@ from numpyro.infer import Predictive, Trace_ELBO
 from numpyro.infer.autoguide import AutoDiagonalNormal, AutoGuide
 
 import d3p.random
-from d3p import _validate, accounting, dputil, minibatch
+from d3p import _adaptive, _validate, accounting, dputil, minibatch
 from d3p.ledger import PrivacyLedger, ZCDPRelease
 from d3p.svi import DPSVI
 from d3p.twin._io import atomic_directory
@@ -422,7 +422,8 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
         q: Optional[float] = None, sampling: str = "poisson", clipping_threshold: float = DEFAULT_CLIPPING_THRESHOLD,
         learning_rate: float = DEFAULT_LEARNING_RATE, optimizer=None, accountant: str = "fourier",
         max_levels: int = DEFAULT_MAX_LEVELS, target: Optional[Union[str, Sequence[str]]] = None,
-        progress_bar: bool = True, ledger: Optional[PrivacyLedger] = None) -> TwinResult:
+        progress_bar: bool = True, ledger: Optional[PrivacyLedger] = None,
+        adaptive_clipping=None) -> TwinResult:
     """Fit a synthetic-data twin of ``data`` at the target (ε, δ).
 
     Steps: (1) complete the schema (:func:`infer_schema`: what it reads from
@@ -461,7 +462,7 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     :param str sampling: ``"poisson"`` (default: add/remove relation) or
         ``"fixed"`` (substitute relation; for the marginal family, the count
         tables' sensitivities under substitution).
-    :param float clipping_threshold: C (default 1.0).
+    :param float clipping_threshold: C (default 1.0); with ``adaptive_clipping``, the first step's C.
     :param float learning_rate: Adam's step size (default 0.05), :func:`cosine_decay` to 5%.
     :param optimizer: instead of Adam, any optimizer :class:`DPSVI` accepts.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"`` (mixture).
@@ -471,6 +472,10 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     :param bool progress_bar: show the progress of the fit.
     :param ledger: a :class:`d3p.ledger.PrivacyLedger`: the twin is refused before the fit if it would
         pass its budget, and its release recorded once fitted (DP-VI steps, or the total ρ as zCDP).
+    :param adaptive_clipping: None (default: C stays ``clipping_threshold``), True or a
+        :class:`d3p.svi.AdaptiveClipping` (mixture only): C follows a private estimate of a quantile of
+        the per-record gradient norms; the calibrated σ is the effective noise multiplier of the
+        gradient sums and the counts together (see :class:`d3p.svi.AdaptiveClipping`).
     :return: :class:`TwinResult`.
     :raises TwinInputError: on an unusable schema, and only where the schema
         is inferred (outside ε) on unusable data; never for a record's value.
@@ -491,11 +496,11 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     if ledger is not None and not isinstance(ledger, PrivacyLedger):
         raise TypeError(f"Expected ledger to be a d3p.ledger.PrivacyLedger, got {type(ledger).__name__}.")
     if _resolve_family(family, schema, x.shape[0], epsilon, delta,
-                       (model, num_components, num_steps, q, optimizer)) == "marginal":
+                       (model, num_components, num_steps, q, optimizer, adaptive_clipping)) == "marginal":
         return _fit_marginal(schema, x, epsilon, delta, key, sampling, progress_bar, t0, target, ledger)
     plan = _privacy_plan(x.shape[0], epsilon, delta, q, num_steps, sampling, accountant)
     return _fit_mixture(schema, x, plan, key, model, guide, num_components, clipping_threshold, learning_rate,
-                        optimizer, progress_bar, t0, ledger)
+                        optimizer, progress_bar, t0, ledger, adaptive_clipping)
 
 
 def _check_target(target, data: pd.DataFrame) -> Tuple[str, ...]:
@@ -520,22 +525,32 @@ def _resolve_family(family: str, schema: Schema, num_records: int, epsilon: floa
         return "mixture" if given else choose_family(schema, num_records, epsilon,
                                                      1.0 / num_records**2 if delta is None else delta)
     if family == "marginal" and given:
-        raise ValueError("Expected no model, num_components, num_steps, q or optimizer with "
-                         "family='marginal' (they set up the mixture fitted with DP-VI).")
+        raise ValueError("Expected no model, num_components, num_steps, q, optimizer or adaptive_clipping "
+                         "with family='marginal' (they set up the mixture fitted with DP-VI).")
     return family
 
 
 def _fit_mixture(schema: Schema, x: np.ndarray, plan: "_Plan", key, model, guide, num_components,
                  clipping_threshold: float, learning_rate: float, optimizer, progress_bar: bool,
-                 t0: float, ledger: Optional[PrivacyLedger] = None) -> TwinResult:
-    """:func:`fit` with ``family="mixture"``: DP-VI with the plan's σ and sampler."""
+                 t0: float, ledger: Optional[PrivacyLedger] = None, adaptive_clipping=None) -> TwinResult:
+    """:func:`fit` with ``family="mixture"``: DP-VI with the plan's σ and sampler
+    (with adaptive clipping, the plan's σ is the effective one of the gradient
+    sums and the counts, and the gradient's own σ follows from it)."""
     model, model_spec = _model(schema, model, num_components, plan.num_records)
     guide, guide_spec = _guide(model, guide)
     optim = numpyro.optim.Adam(cosine_decay(learning_rate, plan.num_steps)) if optimizer is None else optimizer
-    svi = DPSVI(model, guide, optim, Trace_ELBO(), clipping_threshold=clipping_threshold, dp_scale=plan.sigma,
-                N=plan.num_records)
+    adaptive = _adaptive.resolve(adaptive_clipping, clipping_threshold)
+    dp_scale = plan.sigma
+    if adaptive is not None:
+        dp_scale = _adaptive.gradient_sigma(plan.sigma, adaptive.count_std(plan.sampler.expected_batch_size))
+    svi = DPSVI(model, guide, optim, Trace_ELBO(), clipping_threshold=clipping_threshold, dp_scale=dp_scale,
+                adaptive_clipping=adaptive, N=plan.num_records)
     result = _run(svi, guide, schema, x, plan, key, progress_bar, ledger)
     fit_info = _fit_info(plan, learning_rate, clipping_threshold, optimizer, seconds=time.monotonic() - t0)
+    fit_info["adaptive_clipping"] = None if adaptive is None else {
+        "target_quantile": adaptive.target_quantile, "learning_rate": adaptive.learning_rate,
+        "count_noise": adaptive.count_std(plan.sampler.expected_batch_size), "gradient_sigma": dp_scale,
+        "final_clipping_threshold": float(result.state.clipping_threshold)}
     return TwinResult(schema, model, guide, result.params, num_records=plan.num_records, model_spec=model_spec,
                       guide_spec=guide_spec, privacy=_privacy_record(plan, result, clipping_threshold, schema),
                       fit_info=fit_info, losses=np.asarray(result.losses))
@@ -698,7 +713,8 @@ def _run(svi: DPSVI, guide, schema: Schema, x: np.ndarray, plan: _Plan, key, pro
     result = svi.run(run_key, plan.num_steps, jnp.asarray(x), target_delta=plan.delta_run,
                      accountant=plan.accountant, progress_bar=progress_bar, init_state=state, ledger=ledger,
                      **plan.run_kwargs)
-    if result.relation != plan.relation or result.sigma != plan.sigma:
+    # with adaptive clipping the run's sigma is the effective one, never below the plan's
+    if result.relation != plan.relation or not plan.sigma <= result.sigma <= plan.sigma * (1 + 1e-12):
         raise RuntimeError(  # pragma: no cover - a consistency check
             f"Internal error: the run used relation={result.relation}, sigma={result.sigma}; "
             f"expected {plan.relation}, {plan.sigma}."
