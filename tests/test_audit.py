@@ -336,6 +336,7 @@ def test_accepted_ranges_include_their_limits():
     np.testing.assert_allclose(s_out, 0.0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_choices_are_case_insensitive_and_reported_canonically():
     res = audit.audit_gaussian_step(KEY, 200, dp_scale=2.0, relation=" Substitute")
     assert res.setting["relation"] == "substitute"
@@ -464,6 +465,7 @@ def test_correct_dpsvi_with_fixed_size_batches_respects_the_accountant():
     assert res.epsilon_lower >= 0.3 * res.epsilon_accountant, res.summary()  # power
 
 
+@pytest.mark.slow
 def test_correct_discrete_dpsvi_respects_its_accountant():
     """DPSVI(noise="discrete"): the audit's lower bound stays below the ε its
     accountant reports, and is as strong as for the continuous mechanism."""
@@ -519,6 +521,7 @@ def test_cli_prints_both_epsilons(capsys):
     assert "argument --sigma: expected a finite number >= 0, got '-1'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_python_dash_m_d3p_audit_runs_the_command():
     import subprocess
     import sys

@@ -172,6 +172,7 @@ def gmm_guide(N, xs=None, k=2):
     numpyro.sample("locs", dist.Delta(locs, event_dim=2))
 
 
+@pytest.mark.slow
 def test_in_a_numpyro_model():
     rng = np.random.default_rng(0)
     xs = np.concatenate([rng.normal(-3.0, 1.0, 300), rng.normal(3.0, 1.0, 300)])[:, None].astype(np.float32)

@@ -202,6 +202,7 @@ def normal_model(xs, N):
 
 
 @pytest.mark.float32
+@pytest.mark.slow
 def test_dpsvi_with_adadp():
     xs = (3.0 + np.random.default_rng(0).standard_normal(100)).astype(np.float32)
     guide = AutoDiagonalNormal(normal_model)

@@ -108,6 +108,7 @@ def _guide(xs, N):
 
 @pytest.mark.parametrize("strategy", ["vmap", pytest.param("chunked", marks=pytest.mark.slow),
                                       pytest.param("ghost", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_dpsvi_step_unchanged(monkeypatch, strategy):
     """A private step computes exactly what it computes with JAX's own
     Threefry lowering: same Monte Carlo draws, same parameters and loss."""

@@ -94,6 +94,7 @@ def test_batch_axis_is_checked_against_the_mesh_in_context():
 
 
 @pytest.mark.float32
+@pytest.mark.slow
 def test_one_device_mesh_gives_the_one_device_step():
     """A mesh of one device (all the sharding machinery, one shard) gives the
     step without a mesh, and the state comes back replicated on the mesh."""

@@ -48,6 +48,7 @@ NR = dp_accounting.NeighboringRelation
     ({"q": 0.05, "relation": "substitute"}, "poisson", "substitute", 1.0, NR.REPLACE_ONE),
     ({"batch_size": 10, "sampling": "fixed"}, "fixed_size", "substitute", 2.0, NR.ADD_OR_REMOVE_ONE),
 ])
+@pytest.mark.slow
 def test_run_reports_the_epsilon_of_its_sampler(svi, kwargs, sampler, relation, divisor, nr):
     res = svi.run(d3p.random.PRNGKey(0), 300, XS, progress_bar=False, target_delta=1e-5, **kwargs)
     assert (res.sampler, res.relation, res.q, res.num_steps, res.sigma) == (sampler, relation, 0.05, 300, 1.5)

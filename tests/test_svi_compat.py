@@ -283,6 +283,7 @@ def delta():
                            update=jax.jit(noisy.update), update0=jax.jit(noiseless.update))
 
 
+@pytest.mark.slow
 def test_jit_update_equals_update(delta):
     eager_state, eager_loss = delta.noisy.update(delta.state, delta.batch)
     jit_state, jit_loss = delta.update(delta.state, delta.batch)

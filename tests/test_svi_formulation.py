@@ -77,6 +77,7 @@ def numpyro_gradient(model, guide, key, plates, params, *args, **kwargs):
     return jax.jit(jax.grad(lambda p: Trace_ELBO().loss(key, p, m, g, *args, **kwargs)))(params)
 
 
+@pytest.mark.slow
 def test_shared_sample_is_numpyros_full_data_elbo_gradient():
     """σ = 0, C = inf, the whole data set as the batch: the released gradient is
     the gradient of NumPyro's Trace_ELBO on the whole data with the same guide

@@ -393,6 +393,7 @@ def test_list_response_in_run_is_per_record():
 
 @debug_suite
 @pytest.mark.parametrize("kind", ["list", "tuple", "nested list"])
+@pytest.mark.slow
 def test_lists_and_tuples_are_columns(kind):
     """update, evaluate and init treat a list or tuple of numbers as the array
     np.asarray makes of it, rows as records; the caller's list is untouched."""
@@ -434,6 +435,7 @@ def regression_model(xs, ys, N):
 
 
 @debug_suite
+@pytest.mark.slow
 def test_pandas_data_are_per_record():
     """A DataFrame (rows = records) and a Series give the same steps as their
     arrays, in update, evaluate and run; the frame is not modified."""

@@ -87,6 +87,7 @@ def test_is_a_pytree_of_the_three(run):
 
 
 @pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+@pytest.mark.slow
 def test_a_second_run_reuses_the_compiled_steps(sampling):
     svi = DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
                 clipping_threshold=1.0, dp_scale=2.0, N=N)

@@ -54,6 +54,7 @@ def uninterrupted(svi):
     return svi.run(d3p.random.PRNGKey(3), 20, XS, q=Q)
 
 
+@pytest.mark.slow
 def test_resumed_run_is_bit_identical_and_counted_once(svi, uninterrupted, tmp_path):
     key, delta = d3p.random.PRNGKey(3), 1e-5
     ledger = PrivacyLedger()
@@ -97,6 +98,7 @@ def test_budget_refuses_the_run_before_it_starts():
     assert len(ledger) == 0 and svi.strategy_choice is None   # no step was traced
 
 
+@pytest.mark.slow
 def test_ask_for_epsilon():
     svi = _svi(dp_scale=None)
     result = svi.run(d3p.random.PRNGKey(0), 20, XS, q=Q, epsilon=2.0, delta=1e-5)

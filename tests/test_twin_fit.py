@@ -84,6 +84,7 @@ def fitted():
     return types.SimpleNamespace(df=df, twin=tw, noise_calls=noise_calls, run_calls=run_calls)
 
 
+@pytest.mark.slow
 def test_fit_is_dpsvi_with_reported_sigma(fitted):
     tw, p = fitted.twin, fitted.twin.privacy
     N = len(fitted.df)
@@ -112,6 +113,7 @@ def test_fit_is_dpsvi_with_reported_sigma(fitted):
     assert tw.losses.shape == (STEPS,)
 
 
+@pytest.mark.slow
 def test_generate_keeps_schema(fitted):
     df, tw = fitted.df, fitted.twin
     syn = tw.generate(400, 0)
@@ -134,6 +136,7 @@ def test_generate_keeps_schema(fitted):
     tw.generate(5, d3p.random.PRNGKey(3))
 
 
+@pytest.mark.slow
 def test_save_load_round_trip(fitted, tmp_path):
     tw = fitted.twin
     path = tw.save(tmp_path / "twin")
@@ -155,6 +158,7 @@ def test_save_load_round_trip(fitted, tmp_path):
     assert n_values < fitted.df.size  # parameters only, no copy of the records
 
 
+@pytest.mark.slow
 def test_report_files(fitted, tmp_path):
     df, tw = fitted.df, fitted.twin
     syn = tw.generate(len(df), 0)
@@ -304,6 +308,7 @@ def user_guide(x=None, *, N, num_records=None):
     numpyro.sample("mu", dist.Normal(loc, 0.1).to_event(1))
 
 
+@pytest.mark.slow
 def test_user_model_fit_save_load(tmp_path):
     rng = np.random.default_rng(0)
     df = pd.DataFrame({"a": rng.uniform(0, 10, 120), "b": rng.uniform(-1, 1, 120)})
@@ -338,6 +343,7 @@ def test_user_model_default_autoguide(tmp_path):
 # ------------------------------------------- guide preconditioning, schedule
 
 
+@pytest.mark.slow
 def test_guide_gains_scale_only_the_optimiser_coordinates():
     """The optimiser sees value / gain (so the gradient times the gain); the
     parameters, and what is saved and sampled from, are the values themselves."""

@@ -265,6 +265,7 @@ def test_fit_reports_the_budget_and_round_trips(tmp_path):
     pd.testing.assert_frame_equal(syn, again)
 
 
+@pytest.mark.slow
 def test_substitute_relation_and_no_privacy():
     frame = table(200, seed=3)
     tw = twin.fit(frame, 1.0, rng_key=0, schema=SCHEMA, family="marginal", sampling="fixed", progress_bar=False)

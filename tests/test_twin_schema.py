@@ -287,6 +287,7 @@ def test_mixture_gradients_finite_with_missing_values():
         assert np.all(np.isfinite(np.asarray(leaf)))
 
 
+@pytest.mark.slow
 def test_mixture_sample_frequencies():
     """Samples follow the mixture: chi-square on a categorical column and the missing
     indicator (accepts the true marginal, rejects a perturbed one)."""
@@ -410,6 +411,7 @@ def test_numpy_transforms_match_numpyro(support):
     np.testing.assert_allclose(_np_constrain(x, c), want, rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_numpy_sampler_matches_jax_sampler():
     """The NumPy generator (used by TwinResult.generate) and MixtureOfProducts.sample
     draw from the same distribution (two-sample tests on every column)."""

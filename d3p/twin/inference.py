@@ -426,12 +426,10 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
         adaptive_clipping=None) -> TwinResult:
     """Fit a synthetic-data twin of ``data`` at the target (ε, δ).
 
-    Steps: (1) complete the schema (:func:`infer_schema`: what it reads from
-    the data is warned about and recorded in ``privacy["not_covered"]``);
-    (2) encode the table (:meth:`Schema.encode`: each record on its own,
-    outside values mapped by public rules, never an error);
-    (3) choose the model family (``family="auto"``: :func:`choose_family`,
-    from the schema, N, ε and δ) and fit it:
+    Steps: (1) complete the schema (:func:`infer_schema`: what it reads from the data is warned
+    about and recorded in ``privacy["not_covered"]``); (2) encode the table (:meth:`Schema.encode`:
+    each record on its own, outside values mapped by public rules, never an error); (3) choose the
+    model family (``family="auto"``: :func:`choose_family`, from the schema, N, ε and δ) and fit it:
 
     * ``"marginal"``: a graphical model fitted to noisy, privately chosen
       marginal tables (:mod:`d3p.twin.marginal`; the Gaussian and exponential
@@ -442,8 +440,7 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
       or a user ``model`` following the contract of :mod:`d3p.twin.model`, the guide
       :class:`MixtureGuide` for the default model, else :class:`~numpyro.infer.autoguide.AutoDiagonalNormal`.
 
-    :param pandas.DataFrame data: the private table (never modified, never
-        stored).
+    :param pandas.DataFrame data: the private table (never modified, never stored).
     :param float epsilon: target ε > 0; ``inf`` fits without privacy
         (no noise, for comparison).
     :param float delta: target δ in (0, 1); default ``1 / N**2``.
@@ -462,7 +459,7 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     :param str sampling: ``"poisson"`` (default: add/remove relation) or
         ``"fixed"`` (substitute relation; for the marginal family, the count
         tables' sensitivities under substitution).
-    :param float clipping_threshold: C (default 1.0); with ``adaptive_clipping``, the first step's C.
+    :param float clipping_threshold: C (default 1.0; the first C with ``adaptive_clipping``).
     :param float learning_rate: Adam's step size (default 0.05), :func:`cosine_decay` to 5%.
     :param optimizer: instead of Adam, any optimizer :class:`DPSVI` accepts.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"`` (mixture).
@@ -472,13 +469,11 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     :param bool progress_bar: show the progress of the fit.
     :param ledger: a :class:`d3p.ledger.PrivacyLedger`: the twin is refused before the fit if it would
         pass its budget, and its release recorded once fitted (DP-VI steps, or the total ρ as zCDP).
-    :param adaptive_clipping: None (default: C stays ``clipping_threshold``), True or a
-        :class:`d3p.svi.AdaptiveClipping` (mixture only): C follows a private estimate of a quantile of
-        the per-record gradient norms; the calibrated σ is the effective noise multiplier of the
-        gradient sums and the counts together (see :class:`d3p.svi.AdaptiveClipping`).
+    :param adaptive_clipping: None (C fixed), True or a :class:`d3p.svi.AdaptiveClipping` (mixture):
+        C follows a private quantile of the gradient norms, σ is calibrated for gradients and counts.
     :return: :class:`TwinResult`.
-    :raises TwinInputError: on an unusable schema, and only where the schema
-        is inferred (outside ε) on unusable data; never for a record's value.
+    :raises TwinInputError: on an unusable schema, and only where the schema is inferred (outside ε)
+        on unusable data; never for a record's value.
     :raises ValueError: on invalid arguments (named in the message).
 
     **Formal guarantees.** Given the schema S and N, the released parameters (and every table generated
