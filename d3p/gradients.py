@@ -17,10 +17,12 @@ in the private helper ``d3p._ghost``) use:
   the bound of a record's gradient over all its leaves: ``_record_bound``;
   ghost norms (``d3p._ghost.gram_bound``) build on ``_unit_scaled``,
   ``_scaled_norm_bound`` and ``_norm_bound``;
-- the sum over records and its public error bound: ``_df_add`` and
-  ``_df_tree`` (double-float accumulation), ``_SumBudget`` (the threshold
-  every record is clipped to and the check that the sum's error fits the
-  margin);
+- the sum over records and its public error bound: ``_FixedPoint``,
+  ``_to_grid`` and ``_from_grid`` (exact integer accumulation on a public
+  grid, for per-record gradients), ``_df_add`` and ``_df_tree``
+  (double-float accumulation, for ghost products and across devices),
+  ``_SumBudget`` (the threshold every record is clipped to and the check
+  that the sum's error fits the margin);
 - the clip factor: ``_clip_factor`` (with ``_flush_slack``), turned into the
   per-record decision by ``_clip_decision`` and applied by ``_keep_records``;
 - the noise standard deviation: :func:`noise_std`;
@@ -80,7 +82,23 @@ removed, whatever the order of the records and whatever the others are:
   size, strategy and number of devices, so that the other records' clipped
   contributions do not change when one record is added or removed, even if
   the number of slots ``B`` changes with it;
-- the clipped contributions ``c_i`` are summed in double-float arithmetic
+- where per-record gradients are formed (every strategy but ``"ghost"``,
+  with a finite ``C``), each clipped contribution is put on a public grid
+  (``_FixedPoint``: spacing ``2^(e - k)``, ``2^e`` the power of two above
+  ``C (1 - η)``, ``k = 28`` for float32 and ``62`` for float64; every entry
+  rounded to the nearest grid point, the record clipped to
+  ``C (1 - η)(1 - η_q)`` first so that on the grid its norm is still at most
+  ``C (1 - η)``, ``η_q = sqrt(P) 2^(1 - k)``) and the grid values are added
+  as integers, exactly, in any order; the float result is the exact integer
+  sum rounded once (``_from_grid``). The sum of the contributions is then
+  exact, and ``F`` is within ``u ‖S‖`` of it (``u`` the unit roundoff): the
+  bound below with ``ε_B = u``. The grid depends on ``C``, the dtype and
+  ``P`` only, never on the batch. Its spacing, at most ``2^-27 C`` per
+  entry in float32, is the absolute precision of the clipped sum there
+  (far below noise of standard deviation ``σ C`` for any ``σ`` above about
+  ``1e-4``);
+- otherwise (ghost products, and the partial sums of several devices) the
+  clipped contributions ``c_i`` are summed in double-float arithmetic
   (``_df_add``: pairs ``(hi, lo)``, each addition made error-free by
   Dekker's Fast2Sum on operands ordered by magnitude,
   ``s = a + b, e = b - (s - a)``, ``a + b = s + e`` exactly, barring
@@ -98,6 +116,7 @@ removed, whatever the order of the records and whatever the others are:
   Then for neighbouring data sets ``D, D'`` (one record ``c_0`` more in
   ``D``): ``‖F(D) - F(D')‖ <= ‖c_0‖ + E(D) + E(D') <= C``.
 """
+import functools
 import logging
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
@@ -525,11 +544,13 @@ def _batch_size(records: PyTree) -> int:
     return int(jnp.shape(leaves[0])[0])
 
 
-def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode, abs_err=0.0):
-    """``((hi, lo), losses, norms)`` of one chunk of records from their exact
-    per-record gradients: the clipped sum as double-float pairs (see
-    :func:`_df_tree`), each record clipped to ``clipping_threshold`` with
-    ``abs_err`` reserved (see :func:`_clip_records`)."""
+def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_mode, abs_err=0.0,
+                   summed=None):
+    """``(sum, losses, norms)`` of one chunk of records from their exact
+    per-record gradients, each record clipped to ``clipping_threshold`` with
+    ``abs_err`` reserved (see :func:`_clip_records`): the sum of the clipped
+    gradients as double-float pairs ``(hi, lo)`` (see :func:`_df_tree`), or
+    ``summed(clipped)`` if given."""
     if mask.shape[0] == 1:
         # one record: no vmap, so that XLA sees plain (un-batched) products
         one = jax.tree.map(lambda x: x[0], records)
@@ -538,7 +559,8 @@ def _clipped_chunk(loss_fn, params, records, mask, clipping_threshold, forward_m
     else:
         losses, grads = per_record_value_and_grad(loss_fn, params, records, forward_mode=forward_mode)
     clipped, norms = _clip_records(grads, clipping_threshold, abs_err, mask)
-    return (_df_tree_pytree(clipped),) + _real_only(mask, losses, norms)
+    total = _df_tree_pytree(clipped) if summed is None else summed(clipped)
+    return (total,) + _real_only(mask, losses, norms)
 
 
 # ---------------------------------------------------------------------------
@@ -693,7 +715,11 @@ class _SumBudget(NamedTuple):
     ``(u + 4 u² d) Σ_i ‖c_i‖`` (``‖S‖`` and ``‖M‖`` are at most
     ``Σ_i ‖c_i‖``), and that of the ``tiny`` terms at most
     ``sqrt(P) (2^40 tiny + 2 tiny_p)`` while every entry's count is below
-    ``2^40`` (checked).
+    ``2^40`` (checked). (6) With a fixed-point sum (:class:`_FixedPoint`)
+    the contributions ``c_i`` are the grid values, each of norm at most the
+    threshold; their sum on a device is exact (integers), so (1) to (3) do
+    not arise there and only (4) does: one rounding of the exact sum
+    (``depth`` counts the tree over devices only).
     """
 
     slots: int
@@ -723,7 +749,8 @@ def _sum_rel(acc, out_dtypes, depth: int, shards: int, products: float = 0.0) ->
 
 
 def _sum_budget(B: int, chunk: int, shards: int, params: PyTree, terms_per_slot: float = 1.0,
-                product_rows: int = 0, products: float = 0.0, check: bool = True) -> _SumBudget:
+                product_rows: int = 0, products: float = 0.0, check: bool = True,
+                exact: bool = False) -> _SumBudget:
     """The :class:`_SumBudget` of ``shards`` partial sums of ``B`` slots each in
     chunks of ``chunk`` slots (``terms_per_slot`` double-float terms per slot:
     ghost products per record; ``product_rows`` rows per record in products
@@ -734,7 +761,9 @@ def _sum_budget(B: int, chunk: int, shards: int, params: PyTree, terms_per_slot:
     acc = _acc_dtype(*dtypes)
     chunk = max(1, min(int(chunk), B))
     terms = max(1, int(np.ceil(chunk * terms_per_slot)))
-    depth = int(np.ceil(np.log2(terms))) + -(-B // chunk) + (int(np.ceil(np.log2(shards))) + 1 if shards > 1 else 0)
+    across = int(np.ceil(np.log2(shards))) + 1 if shards > 1 else 0
+    # an exact (integer) sum on each device: only the tree over devices adds
+    depth = across if exact else int(np.ceil(np.log2(terms))) + -(-B // chunk) + across
     rel = _sum_rel(acc, dtypes, depth, shards, products)
     margin = _sum_margin(acc, *dtypes)
     slots = B * shards
@@ -775,10 +804,101 @@ def _check_sum_threshold(clipping_threshold, budget: _SumBudget, threshold_bound
         )
 
 
-def _in_chunks(chunk_fn, params, records, mask, chunk):
-    """Run ``chunk_fn(records, mask) -> ((hi, lo) pairs, losses, norms)`` over
-    chunks of ``chunk`` records under ``lax.scan`` and add up the pairs in
-    double-float (one :func:`_df_add` per chunk)."""
+# ---------------------------------------------------------------------------
+# The sum over records in fixed point: exact integer accumulation.
+# ---------------------------------------------------------------------------
+
+
+class _FixedPoint(NamedTuple):
+    """How the clipped contributions are summed exactly, as integers on a
+    public grid (static: from the parameters' dtypes and sizes only, the
+    same for every batch size and strategy).
+
+    - **int_dtype** - ``int32`` for a float32 accumulation, ``int64`` for float64.
+    - **k** - every entry ``c`` (``|c| < 2^e``, ``2^e`` the power of two above
+      the threshold ``C (1 - η)``) becomes the integer ``q = round(c 2^(k - e))``,
+      ``|q| <= 2^k``: the grid spacing is ``2^(e - k) <= 2^(1 - k) C``.
+    - **m** - ``q = 2^m h + l`` with ``0 <= l < 2^m``: the sums of ``h`` and of
+      ``l`` over up to ``slots`` records cannot overflow.
+    - **slots** - the most record slots one device sums (the margin's limit).
+    - **fraction** - ``η_q = sqrt(P) 2^(1 - k)`` (rounded up): the fraction of
+      the threshold reserved for the grid (``P`` parameter entries; each entry
+      moves by at most one spacing), so that a record's contribution on the
+      grid still has norm at most ``C (1 - η)``.
+    """
+
+    int_dtype: Any
+    k: int
+    m: int
+    slots: int
+    fraction: float
+
+
+def _fixed_point(params: PyTree) -> Optional[_FixedPoint]:
+    """The :class:`_FixedPoint` of a sum of gradients shaped like ``params``,
+    or None where the accumulation dtype has no integer type of its width
+    (``int64`` needs ``jax_enable_x64``) or the grid would take more than
+    ``η / 16`` of the threshold."""
+    leaves = jax.tree.leaves(params)
+    dtypes = [jnp.result_type(x) for x in leaves]
+    acc = _acc_dtype(*dtypes)
+    width = {4: 32, 8: 64}.get(jnp.dtype(acc).itemsize)
+    int_dtype = {32: jnp.int32, 64: jnp.int64}.get(width)
+    if int_dtype is None or jnp.dtype(jnp.zeros((), int_dtype).dtype).itemsize * 8 != width:
+        return None
+    bits = width - 1   # magnitude bits of the signed integer
+    rel = _sum_rel(acc, dtypes, 0, 1)
+    slots = int(_sum_margin(acc, *dtypes) / (2 * rel))
+    slot_bits = int(np.ceil(np.log2(slots + 1))) + 1
+    m = bits - slot_bits
+    k = min(bits - 1, 2 * m)
+    P = sum(int(np.size(x)) for x in leaves)
+    fraction = float(np.sqrt(max(P, 1))) * 2.0 ** (1 - k) * (1 + 1e-6)
+    if m < 1 or fraction > _sum_margin(acc, *dtypes) / 16:
+        return None
+    return _FixedPoint(int_dtype, k, m, slots, fraction)
+
+
+def _grid_shift(fp: _FixedPoint, threshold: jax.Array) -> jax.Array:
+    """``k - e``: entries times ``2^(k - e)`` lie in ``[-2^k, 2^k]`` (``2^e``
+    the power of two above ``threshold``; exact from its bits)."""
+    return np.int32(fp.k) - (_exponent(threshold) + np.int32(1))
+
+
+def _to_grid(fp: _FixedPoint, x: jax.Array, shift: jax.Array) -> Tuple[jax.Array, jax.Array]:
+    """``(Σ h, Σ l)`` over the leading (record) axis of ``x`` (entries below the
+    threshold in magnitude): each entry scaled by ``2^shift`` (exact, barring
+    values below the smallest normal number), rounded to the nearest integer
+    ``q`` (an exact operation) and split as ``q = 2^m h + l``, ``0 <= l < 2^m``
+    (two's complement: ``l`` the low bits, ``h`` the arithmetic shift). The
+    sums are exact: at most ``slots`` terms of magnitude at most ``2^(k - m)``
+    and ``2^m``."""
+    q = jnp.round(_times_pow2(x, shift)).astype(fp.int_dtype)
+    low = q & np.asarray((1 << fp.m) - 1, fp.int_dtype)
+    high = q >> np.asarray(fp.m, fp.int_dtype)
+    return jnp.sum(high, axis=0, dtype=fp.int_dtype), jnp.sum(low, axis=0, dtype=fp.int_dtype)
+
+
+def _from_grid(fp: _FixedPoint, high: jax.Array, low: jax.Array, shift: jax.Array, dtype) -> jax.Array:
+    """The float nearest the exact ``Z = 2^m Σh + Σl``, times ``2^-shift``: one
+    rounding of ``Z`` (correctly rounded addition of two exact floats) and an
+    exact scaling by a power of two (barring results below the smallest
+    normal number)."""
+    int_t = fp.int_dtype
+    high = high + (low >> np.asarray(fp.m, int_t))   # carry: 0 <= low < 2^m after
+    low = low & np.asarray((1 << fp.m) - 1, int_t)
+    top = high.astype(dtype)                          # rounded
+    rest = high - top.astype(int_t)                   # its rounding error, exactly
+    exact_top = top * np.asarray(2.0**fp.m, dtype)    # exact
+    exact_rest = ((rest << np.asarray(fp.m, int_t)) + low).astype(dtype)   # below 2^(m + 8): exact
+    return _times_pow2(exact_top + exact_rest, -shift)
+
+
+def _in_chunks(chunk_fn, params, records, mask, chunk, fixed_point=None):
+    """Run ``chunk_fn(records, mask) -> (pairs, losses, norms)`` over chunks of
+    ``chunk`` records under ``lax.scan`` and add up the pairs: ``(hi, lo)``
+    in double-float (one :func:`_df_add` per chunk), or, with
+    ``fixed_point``, integer pairs ``(Σh, Σl)`` exactly."""
     B = mask.shape[0]
     chunk = max(1, min(int(chunk), B))
     if chunk >= B:
@@ -793,12 +913,17 @@ def _in_chunks(chunk_fn, params, records, mask, chunk):
 
     chunked_records = jax.tree.map(pad_and_split, records)
     chunked_mask = pad_and_split(mask)  # padding is False
-    zero = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), _acc_dtype(jnp.result_type(p))), params)
+    if fixed_point is None:
+        zero = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), _acc_dtype(jnp.result_type(p))), params)
+        add = _df_add_pytrees
+    else:
+        zero = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), fixed_point.int_dtype), params)
+        add = functools.partial(jax.tree.map, jnp.add)
 
     def body(acc, xs):
         recs, m = xs
         s, losses, norms = chunk_fn(recs, m)
-        return _df_add_pytrees(acc, s), (losses, norms)
+        return add(acc, s), (losses, norms)
 
     total, (losses, norms) = lax.scan(body, (zero, zero), (chunked_records, chunked_mask))
     return total, losses.reshape(-1)[:B], norms.reshape(-1)[:B]
@@ -1171,13 +1296,31 @@ def _sum_on_this_platform(loss_fn, params, records, mask, clipping_threshold, fo
 
     def clipped_sum(choice, params, records, mask):
         chunk = B if choice.chunk_size is None else choice.chunk_size
-        budget, block_rows = _budget_of(choice, plan, params, B, chunk, num_shards, private)
+        fp = _fixed_point(params) if private and choice.strategy != "ghost" else None
+        budget, block_rows = _budget_of(choice, plan, params, B, chunk, num_shards, private, exact=fp is not None)
         _check_sum_threshold(clipping_threshold, budget, threshold_bound)
         threshold = budget.threshold(clipping_threshold, budget.acc)
-        chunk_fn = _chunk_function(loss_fn, params, threshold, budget.reserve(), forward_mode, choice, plan,
-                                   block_rows)
-        pair, losses, norms = _in_chunks(chunk_fn, params, records, mask, chunk)
-        return ClippedSum(_df_rounded(pair, params), losses, norms)
+        if fp is None:
+            chunk_fn = _chunk_function(loss_fn, params, threshold, budget.reserve(), forward_mode, choice, plan,
+                                       block_rows)
+            pair, losses, norms = _in_chunks(chunk_fn, params, records, mask, chunk)
+            return ClippedSum(_df_rounded(pair, params), losses, norms)
+        if B > fp.slots:   # the margin check refuses such batches first
+            raise ValueError(f"Expected at most {fp.slots} record slots for an exact sum, got batch size B={B}.")
+        shift = _grid_shift(fp, threshold)
+        room = threshold * np.asarray(1.0 - fp.fraction - 8 * float(jnp.finfo(budget.acc).eps), budget.acc)
+        reserve = budget.reserve()
+
+        def chunk_fn(recs, m):
+            def summed(clipped):   # (Σh, Σl): two pytrees like params
+                return _unzip(jax.tree.structure(clipped), jax.tree.map(lambda x: _to_grid(fp, x, shift), clipped))
+
+            return _clipped_chunk(loss_fn, params, recs, m, room, forward_mode, reserve, summed=summed)
+
+        (high, low), losses, norms = _in_chunks(chunk_fn, params, records, mask, chunk, fixed_point=fp)
+        grad = jax.tree.map(lambda h, lo, p: _from_grid(fp, h, lo, shift, budget.acc).astype(jnp.result_type(p)),
+                            high, low, params)
+        return ClippedSum(grad, losses, norms)
 
     if choice.elsewhere is None:
         return clipped_sum(choice, params, records, mask)
@@ -1221,10 +1364,11 @@ def _ghost_rows_per_product(params, B: int, chunk: int, shards: int, rows: int) 
     return k if k >= 1 else None
 
 
-def _budget_of(choice, plan, params, B: int, chunk: int, shards: int, check: bool = True):
-    """``(_SumBudget, rows per ghost product or None)`` of a sum under ``choice``."""
+def _budget_of(choice, plan, params, B: int, chunk: int, shards: int, check: bool = True, exact: bool = False):
+    """``(_SumBudget, rows per ghost product or None)`` of a sum under ``choice``
+    (``exact``: in fixed point on each device, see :class:`_FixedPoint`)."""
     if choice.strategy != "ghost":
-        return _sum_budget(B, chunk, shards, params, check=check), None
+        return _sum_budget(B, chunk, shards, params, check=check, exact=exact), None
     rows = _ghost_rows(plan)
     k = _ghost_rows_per_product(params, B, chunk, shards, rows)
     if k is None:

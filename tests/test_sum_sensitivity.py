@@ -364,3 +364,114 @@ def test_sum_error_bound_grows_with_slots_chunks_and_shards():
     assert one.slots == shards.slots == 1000
     assert one.margin == scan.margin == shards.margin   # one threshold for all
     assert one.tiny == gradients._sum_budget(5, 5, 1, params).tiny   # independent of B
+
+
+# ---------------------------------------------------------------------------
+# the fixed-point sum of per-record gradients
+# ---------------------------------------------------------------------------
+
+
+def _grid_reference(records: np.ndarray, C: float, dtype=F32) -> np.ndarray:
+    """The release of records already below the threshold (clip factor 1),
+    computed independently: each entry rounded to the grid of spacing
+    ``2^(e - 28)`` (``2^e`` the power of two above ``C (1 - η)``, read with
+    ``math.frexp``) in exact rationals, summed as Python integers, and the
+    exact sum rounded once to float32 (round to nearest, ties to even)."""
+    import math
+
+    margin, k = (2.0**-7, 28) if dtype == F32 else (2.0**-30, 62)
+    threshold = float(gradients._SumBudget(1, 0.0, 0.0, margin, dtype).threshold(C, dtype))
+    _, e = math.frexp(threshold)               # 2^(e-1) <= threshold < 2^e
+    spacing = fractions.Fraction(2) ** (e - k)
+    out = []
+    for j in range(records.shape[1]):
+        total = 0
+        for x in records[:, j]:
+            total += round(fractions.Fraction(float(x)) / spacing)   # ties to even, as the grid
+        exact = total * spacing
+        # float(Fraction) is correctly rounded to float64; for float32, round the exact value directly
+        out.append(float(exact) if dtype != F32 else float(np.float32(float(exact))))
+    return np.array(out, np.float64)
+
+
+@pytest.mark.parametrize("case", ["vmap", "scan", "chunked 64"])
+def test_fixed_point_sum_is_exact_and_independent_of_order_and_batch(case):
+    """Records with the clip factor 1 (norm below the threshold): the release is
+    the exact sum of their grid values, rounded once, bit for bit as computed
+    in Python integers; in any order of the records and with padded slots
+    added, the same bits. A double-float or plain float sum of these
+    records (mixed magnitudes, cancellation) differs in the last bits in
+    some order: the check has power."""
+    loss, strategy, chunk = CASES[case]
+    rng = np.random.default_rng(3)
+    B, d, C = 300, 4, 1.0
+    records = rng.normal(size=(B, d)) * 10.0 ** rng.uniform(-6, 0, (B, 1))
+    records[::7] *= -1e-3
+    records = (records / (np.linalg.norm(records, axis=1, keepdims=True) + 1e-30)
+               * rng.uniform(0.0, 0.9, (B, 1))).astype(F32)
+    params = _params(loss, d)
+    expected = _grid_reference(records, C)
+    got = _flat(_released(loss, params, jnp.asarray(records), jnp.ones(B, bool), C, strategy, chunk))
+    np.testing.assert_array_equal(got, expected)
+    perm = rng.permutation(B)
+    padded = np.concatenate([records[perm], rng.normal(size=(37, d)).astype(F32)])
+    mask = np.arange(B + 37) < B
+    again = _flat(_released(loss, params, jnp.asarray(padded), jnp.asarray(mask), C, strategy, chunk))
+    np.testing.assert_array_equal(again, expected)
+    # power: a plain float32 sum in these two orders gives different bits
+    plain = [np.sum(r, axis=0, dtype=F32) for r in (records, records[perm])]
+    seq = [np.cumsum(r, axis=0, dtype=F32)[-1] for r in (records, records[perm])]
+    assert np.any(plain[0] != plain[1]) or np.any(seq[0] != seq[1])
+
+
+def test_from_grid_rounds_the_exact_integer_sum_once():
+    """``_from_grid`` of adversarial integer pairs (sums of high and low words
+    near the largest values the slot limit allows, of both signs, and
+    carries from the low word) is the exact ``2^m Σh + Σl`` rounded to the
+    nearest float32, after compilation: nothing is lost in the split or the
+    conversion."""
+    fp = gradients._fixed_point({"w": jnp.zeros(3, jnp.float32)})
+    assert fp is not None and fp.int_dtype == jnp.int32 and fp.k == 28
+    rng = np.random.default_rng(5)
+    n = 20000
+    top = fp.slots * 2 ** (fp.k - fp.m)
+    high = np.concatenate([rng.integers(-top, top, n), [top, -top, 0, 1, -1, top - 1]]).astype(np.int32)
+    low = np.concatenate([rng.integers(0, fp.slots * (2**fp.m - 1), n),
+                          [fp.slots * (2**fp.m - 1), 0, 2**fp.m - 1, 2**fp.m, 0, 12345]]).astype(np.int32)
+    got = np.asarray(jax.jit(lambda h, lo: gradients._from_grid(fp, h, lo, jnp.int32(0), jnp.float32))(
+        jnp.asarray(high), jnp.asarray(low)))
+    exact = high.astype(object) * 2**fp.m + low.astype(object)
+    expected = np.array([np.float32(float(fractions.Fraction(int(z)))) for z in exact])
+    # float(Fraction(int)) rounds to nearest float64 (exact here: |z| < 2^53), then to float32
+    assert all(abs(int(z)) < 2**53 for z in exact)
+    np.testing.assert_array_equal(got, expected)
+    # a direct float32 conversion of the high word alone loses bits: the check has power
+    assert np.any(high.astype(F32).astype(np.float64) * 2**fp.m + low != expected)
+
+
+def test_grid_is_public_and_fits_the_margin():
+    """The grid depends on the dtype and the number of parameters only; its
+    share of the threshold is negligible, and its integer sums cannot
+    overflow at the largest certified batch."""
+    for P in [1, 60, 688884]:
+        fp = gradients._fixed_point({"w": jnp.zeros(P, jnp.float32)})
+        assert fp.k == 28 and fp.fraction <= np.sqrt(P) * 2.0**-27 * (1 + 1e-5) <= 2.0**-11
+        assert fp.slots * 2**fp.m < 2**31 and fp.slots * (2 ** (fp.k - fp.m) + 1) < 2**31
+        limit = int(gradients._sum_margin(jnp.float32) / (2 * gradients._sum_budget(1, 1, 1, {"w": jnp.zeros(P, jnp.float32)},
+                                                                                        exact=True).rel))
+        assert fp.slots >= limit   # every batch the margin allows
+
+
+@pytest.mark.skipif(not jax.config.jax_enable_x64, reason="float64 parameters need jax_enable_x64 (the x64 step)")
+def test_fixed_point_sum_of_float64_parameters_is_exact_in_int64():
+    """float64 parameters: 64-bit integers on a grid of ``2^(e - 62)``, the
+    release the exact sum rounded once to float64, as computed in Python."""
+    fp = gradients._fixed_point({"w": jnp.zeros(3, jnp.float64)})
+    assert fp.int_dtype == jnp.int64 and fp.k == 62
+    rng = np.random.default_rng(4)
+    B, d = 200, 3
+    records = rng.normal(size=(B, d)) * 10.0 ** rng.uniform(-12, 0, (B, 1))
+    records = records / np.linalg.norm(records, axis=1, keepdims=True) * rng.uniform(0, 0.9, (B, 1))
+    params = {"w": jnp.zeros(d, jnp.float64)}
+    got = _flat(_released(dot_loss, params, jnp.asarray(records), jnp.ones(B, bool), 1.0, "vmap", None))
+    np.testing.assert_array_equal(got, _grid_reference(records, 1.0, np.float64))
