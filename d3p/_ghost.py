@@ -35,7 +35,8 @@ exact norm requires); for single rows (a dense layer applied to a vector)
 it is the exact norm, within a few units of roundoff. The products contract
 ``k`` rows each (``d3p.gradients._ghost_rows_per_product``: small enough
 that their rounding fits the margin of the sum), and their results are
-added up in double-float like every other sum over records. The
+added up in double-float (the other strategies sum their per-record
+gradients exactly, in fixed point; see :mod:`d3p.gradients`). The
 floating-point primitives (scaled norms, rounding bounds, the clip factor,
 the double-float sum) are those of :mod:`d3p.gradients`.
 """
