@@ -71,7 +71,6 @@ X64_MODULES = {
     "test_svi_discrete.py": "DPSVI with the discrete mechanism: int64 quantised sums under x64",
     "test_twin_dtype.py": "the synthetic table's dtypes under x64 (twinify's setting)",
     "test_twin_marginal_rounding.py": "exact int64 counts and float64 noise of the marginal twin, with x64 on",
-    "test_twinify_calls.py": "twinify's calls into d3p, which twinify makes with x64 on",
 }
 
 

@@ -16,6 +16,9 @@ import textwrap
 
 import pytest
 
+# a whole program in a subprocess: CI's slow step
+pytestmark = pytest.mark.slow
+
 SCRIPT = textwrap.dedent(
     """
     import jax
