@@ -835,18 +835,15 @@ class _FixedPoint(NamedTuple):
 
 
 def _fixed_point(params: PyTree) -> Optional[_FixedPoint]:
-    """The :class:`_FixedPoint` of a sum of gradients shaped like ``params``,
-    or None where the accumulation dtype has no integer type of its width
-    (``int64`` needs ``jax_enable_x64``) or the grid would take more than
-    ``η / 16`` of the threshold."""
+    """The :class:`_FixedPoint` of a sum of gradients shaped like ``params``
+    (the accumulation dtype, float32 or float64, gives an integer type of its
+    width: a float64 accumulation implies ``jax_enable_x64``), or None where
+    the grid would take more than ``η / 16`` of the threshold."""
     leaves = jax.tree.leaves(params)
     dtypes = [jnp.result_type(x) for x in leaves]
     acc = _acc_dtype(*dtypes)
-    width = {4: 32, 8: 64}.get(jnp.dtype(acc).itemsize)
-    int_dtype = {32: jnp.int32, 64: jnp.int64}.get(width)
-    if int_dtype is None or jnp.dtype(jnp.zeros((), int_dtype).dtype).itemsize * 8 != width:
-        return None
-    bits = width - 1   # magnitude bits of the signed integer
+    int_dtype = {4: jnp.int32, 8: jnp.int64}[jnp.dtype(acc).itemsize]
+    bits = 8 * jnp.dtype(acc).itemsize - 1   # magnitude bits of the signed integer
     rel = _sum_rel(acc, dtypes, 0, 1)
     slots = int(_sum_margin(acc, *dtypes) / (2 * rel))
     slot_bits = int(np.ceil(np.log2(slots + 1))) + 1
