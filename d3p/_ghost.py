@@ -1,6 +1,7 @@
 """Per-record gradient norms without per-record gradients ("ghost norms").
 
-Private helper of :mod:`d3p.gradients`. For a parameter ``W`` whose only uses
+Private helper of the ``"ghost"`` strategy (``d3p._strategies``) of
+:func:`d3p.gradients.clipped_grad_sum`. For a parameter ``W`` whose only uses
 in the loss of one record are dense products ``z = dot_general(a, W)`` (``a``
 any value, possibly depending on other parameters), the record's gradient is
 ``dL/dW = sum over uses of aᵀ δ`` with ``δ = dL/dz``. Its squared norm is
@@ -33,12 +34,14 @@ the record's rows can cause in the products that sum all records: so a
 record whose rows cancel is clipped as if they did not (never less than its
 exact norm requires); for single rows (a dense layer applied to a vector)
 it is the exact norm, within a few units of roundoff. The products contract
-``k`` rows each (``d3p.gradients._ghost_rows_per_product``: small enough
+``k`` rows each (``d3p._certified_sum._ghost_rows_per_product``: small enough
 that their rounding fits the margin of the sum), and their results are
 added up in double-float (the other strategies sum their per-record
 gradients exactly, in fixed point; see :mod:`d3p.gradients`). The
-floating-point primitives (scaled norms, rounding bounds, the clip factor,
-the double-float sum) are those of :mod:`d3p.gradients`.
+floating-point primitives (scaled norms, rounding bounds, the clip factor:
+``d3p._clipping``; the double-float sum: ``d3p._certified_sum``) are the
+ones every strategy uses; this module imports them and sits below
+``d3p._strategies``.
 """
 
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
@@ -49,7 +52,7 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jex_core
 
-from d3p import gradients
+from d3p import _certified_sum, _clipping
 
 PyTree = Any
 
@@ -249,6 +252,32 @@ def analyse(closed, n_params: int, param_sizes: Sequence[int]) -> Plan:
     if len(prog.outvars) != 1:
         raise Unsupported("the loss must have a single output")
     live = prog.live_eqns(prog.outvars)
+    uses = _leaf_uses(prog, live, n_params)
+    outer = _outer_product_leaves(prog, live, n_params)
+    ghost, residual, all_uses, chains = [], [], [], []
+    per_record = 0
+    for leaf in range(n_params):
+        gus = _ghost_uses(prog, leaf, uses[leaf])
+        if gus is not None:
+            rows = sum(g.rows for g in gus)
+            ghost.append(leaf)
+            all_uses.append(gus)
+            chains.append(tuple(uses[leaf][0][2]))
+            per_record += sum(g.rows * (g.n_in + g.n_out) for g in gus) + rows * rows
+        else:
+            residual.append(leaf)
+            per_record += int(param_sizes[leaf])
+    return Plan(
+        prog, live, n_params, tuple(ghost), tuple(residual), tuple(all_uses), tuple(chains),
+        int(sum(param_sizes[i] for i in ghost)), int(sum(param_sizes[i] for i in residual)),
+        per_record, int(sum(param_sizes[i] for i in residual if i in outer)),
+    )
+
+
+def _leaf_uses(prog: Program, live: List[int], n_params: int) -> dict:
+    """Per parameter leaf, its live uses through views: ``(eqn index, side,
+    chain of view eqn indices)`` where it is an operand of a ``dot_general``,
+    None for any other use (an output of the loss included)."""
     avals = prog.avals
     # view var -> (leaf, chain of eqn indices)
     view = {prog.invars[i]: (i, ()) for i in range(n_params)}
@@ -272,46 +301,35 @@ def analyse(closed, n_params: int, param_sizes: Sequence[int]) -> Plan:
     for a in prog.outvars:
         if isinstance(a, int) and a in view:
             uses[view[a][0]].append(None)
+    return uses
 
-    outer = _outer_product_leaves(prog, live, n_params)
-    ghost, residual, all_uses, chains = [], [], [], []
-    per_record = 0
-    for leaf in range(n_params):
-        us = uses[leaf]
-        aval = avals[prog.invars[leaf]]
-        ok = bool(us) and all(u is not None for u in us) and jnp.issubdtype(aval.dtype, jnp.floating)
-        gus = []
-        if ok:
-            sigs = set()
-            for k, side, chain in us:
-                gu = _dot_use(prog.eqns[k], side, avals)
-                if gu is None:
-                    ok = False
-                    break
-                gus.append(gu._replace(eqn=k))
-                sig = tuple(_signature(prog.eqns[c]) for c in chain) + (
-                    side, repr(prog.eqns[k].params["dimension_numbers"]))
-                sigs.add(sig)
-            ok = ok and len(sigs) == 1
-        if ok:
-            rows = sum(g.rows for g in gus)
-            n_in, n_out = gus[0].n_in, gus[0].n_out
-            # the Gram form costs rows² per record; beyond the leaf's size the
-            # per-record gradient is cheaper
-            ok = rows * rows <= n_in * n_out
-        if ok:
-            ghost.append(leaf)
-            all_uses.append(tuple(gus))
-            chains.append(tuple(us[0][2]))
-            per_record += sum(g.rows * (g.n_in + g.n_out) for g in gus) + rows * rows
-        else:
-            residual.append(leaf)
-            per_record += int(param_sizes[leaf])
-    return Plan(
-        prog, live, n_params, tuple(ghost), tuple(residual), tuple(all_uses), tuple(chains),
-        int(sum(param_sizes[i] for i in ghost)), int(sum(param_sizes[i] for i in residual)),
-        per_record, int(sum(param_sizes[i] for i in residual if i in outer)),
-    )
+
+def _ghost_uses(prog: Program, leaf: int, us) -> Optional[Tuple[GhostUse, ...]]:
+    """The :class:`GhostUse` of every use ``us`` of a parameter leaf (see
+    :func:`_leaf_uses`), or None where the leaf takes exact per-record
+    gradients: a use other than a product without batch dimensions, a
+    non-float leaf, uses of different layouts, or more rows than pay off."""
+    avals = prog.avals
+    aval = avals[prog.invars[leaf]]
+    if not (bool(us) and all(u is not None for u in us) and jnp.issubdtype(aval.dtype, jnp.floating)):
+        return None
+    gus, sigs = [], set()
+    for k, side, chain in us:
+        gu = _dot_use(prog.eqns[k], side, avals)
+        if gu is None:
+            return None
+        gus.append(gu._replace(eqn=k))
+        sig = tuple(_signature(prog.eqns[c]) for c in chain) + (
+            side, repr(prog.eqns[k].params["dimension_numbers"]))
+        sigs.add(sig)
+    if len(sigs) != 1:
+        return None
+    rows = sum(g.rows for g in gus)
+    # the Gram form costs rows² per record; beyond the leaf's size the
+    # per-record gradient is cheaper
+    if rows * rows > gus[0].n_in * gus[0].n_out:
+        return None
+    return tuple(gus)
 
 
 _PRODUCTS = frozenset({"dot_general", "conv_general_dilated"})
@@ -424,7 +442,7 @@ def gram_bound(A, D):
         with non-finite entries or a bound that overflows.
 
     **Why these are bounds.** With ``T`` an upper bound of ``Σ_r ‖a_r‖ ‖d_r‖``
-    from row norms (``d3p.gradients._norm_bound`` and its primitives), the
+    from row norms (``d3p._clipping._norm_bound`` and its primitives), the
     norm of ``Σ_r |a_r| |d_r|ᵀ`` is at most ``T`` (triangle inequality; for
     one row it is ``‖a‖ ‖d‖`` itself). For R > 1, with ``A`` and ``D``
     scaled by powers of two (exact) so that their largest entries lie in
@@ -443,7 +461,7 @@ def gram_bound(A, D):
     Every computed quantity is increased by the relative error bound of the
     roundings that produced it (``_up``).
     """
-    g = gradients
+    g = _clipping
     acc = g._acc_dtype(A.dtype, D.dtype)
     rnd = g._rounding(acc, A.dtype, D.dtype)
     _, R, n_in = A.shape
@@ -461,7 +479,7 @@ def gram_bound(A, D):
 def _triangle_bound(A, D, rnd):
     """``(M, Σ_r ‖a_r‖, Σ_r ‖d_r‖)`` of :func:`gram_bound` from ``T`` alone, in
     real units: row norms (overflow-safe), ``T = Σ_r ‖a_r‖‖d_r‖``."""
-    g = gradients
+    g = _clipping
     R = A.shape[1]
     na, nd = g._norm_bound(A), g._norm_bound(D)  # (B, R)
     M = g._up(jnp.sum(na * nd, axis=1), R, rnd)
@@ -474,7 +492,7 @@ def _gram_form_bound(A, D, rnd):
     """``(M, Σ_r ‖a_r‖, Σ_r ‖d_r‖)`` of :func:`gram_bound` from the Gram form,
     computed in units scaled by powers of two (exact) so that the largest
     entries of a record's ``A`` and ``D`` lie in [1, 4)."""
-    g = gradients
+    g = _clipping
     R = A.shape[1]
     An, sa, _ = g._unit_scaled(A, 2)
     Dn, sd, _ = g._unit_scaled(D, 2)
@@ -492,7 +510,7 @@ def _gram_norm_bound(An, Dn, T, rnd):
     computed Gram form ``s = Σ_uv (a_u·a_v)(d_u·d_v)`` plus its rounding error
     (at most ``c T²``, see :func:`gram_bound`) and results flushed below the
     smallest normal number."""
-    g = gradients
+    g = _clipping
     _, R, n_in = An.shape
     n_out = Dn.shape[2]
     acc = An.dtype
@@ -512,7 +530,7 @@ def _with_tiny_entries(M, sum_a, sum_d, R, n_in, n_out, rnd):
     """``(M, E)`` of :func:`gram_bound`: ``M`` increased by what entries below the
     smallest normal number (in real units) can change, ``E`` what ``f A``
     flushed to zero can; both ``inf`` unless finite."""
-    g = gradients
+    g = _clipping
     acc = M.dtype
     t_in = np.asarray(2.0 * np.sqrt(n_in) * rnd.tiny, acc)
     t_out = np.asarray(2.0 * np.sqrt(n_out) * rnd.tiny, acc)
@@ -552,12 +570,12 @@ def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clipping_t
                 block_rows: int):
     """Clipped sum (double-float pairs), losses and norm bounds for one chunk of records.
 
-    Each record's clipping factor comes from :func:`d3p.gradients._clip_factor`
+    Each record's clipping factor comes from :func:`d3p._clipping._clip_factor`
     applied to one bound over all leaves: :func:`gram_bound` for ghost leaves,
-    :func:`d3p.gradients._record_bound` of the exact per-record gradients of
+    :func:`d3p._clipping._record_bound` of the exact per-record gradients of
     the others, so that what is added for the record has exact norm at most
     ``clipping_threshold`` less ``reserve`` (the sum's fixed allowance, see
-    ``d3p.gradients._SumBudget``), and the rounding weight of its rows in the
+    ``d3p._certified_sum._SumBudget``), and the rounding weight of its rows in the
     products is bounded by the same norm. Records with mask False or a
     non-finite bound contribute exactly zero (``where``, so their ``nan``
     never reaches the sum). Every product that feeds a bound or the sum runs
@@ -567,9 +585,9 @@ def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clipping_t
     dtypes = [jnp.result_type(x) for x in param_leaves]
     losses, leaf_rows, res_grads = _ghost_pass(plan, param_leaves, record_leaves, mask.shape[0])
     norms, abs_err = _ghost_bounds(plan, leaf_rows, res_grads, param_leaves, mask.shape[0])
-    factor, keep = gradients._clip_decision(norms, clipping_threshold, abs_err + reserve, dtypes, mask)
+    factor, keep = _clipping._clip_decision(norms, clipping_threshold, abs_err + reserve, dtypes, mask)
     hi, lo = _ghost_sums(plan, leaf_rows, res_grads, param_leaves, factor, keep, block_rows)
-    return (jax.tree.unflatten(p_def, hi), jax.tree.unflatten(p_def, lo)), *gradients._real_only(mask, losses, norms)
+    return (jax.tree.unflatten(p_def, hi), jax.tree.unflatten(p_def, lo)), *_clipping._real_only(mask, losses, norms)
 
 
 def _ghost_pass(plan: Plan, param_leaves, record_leaves, B: int):
@@ -615,11 +633,11 @@ def _leaf_rows(uses: Sequence[GhostUse], xs, deltas, index):
 
 
 def _ghost_bounds(plan: Plan, leaf_rows, res_grads, param_leaves, B: int):
-    """``(norms, abs_err)`` per record for :func:`d3p.gradients._clip_decision`:
+    """``(norms, abs_err)`` per record for :func:`d3p._clipping._clip_decision`:
     one bound over all leaves (:func:`gram_bound` per ghost leaf,
-    :func:`d3p.gradients._record_bound` of the residual gradients), and the
+    :func:`d3p._clipping._record_bound` of the residual gradients), and the
     absolute error that does not scale with the clip factor."""
-    g = gradients
+    g = _clipping
     dtypes = [jnp.result_type(x) for x in param_leaves]
     acc = g._acc_dtype(*dtypes)
     rnd = g._rounding(acc, *dtypes)
@@ -640,10 +658,10 @@ def _ghost_bounds(plan: Plan, leaf_rows, res_grads, param_leaves, B: int):
 def _ghost_sums(plan: Plan, leaf_rows, res_grads, param_leaves, factor, keep, block_rows: int):
     """The clipped sum per parameter leaf as double-float pairs ``(hi, lo)`` (lists
     over the leaves): for ghost leaves, products ``(f A)ᵀ D`` of ``block_rows``
-    rows each, added up by :func:`d3p.gradients._df_tree`; for the others the
+    rows each, added up by :func:`d3p._certified_sum._df_tree`; for the others the
     double-float sum of the clipped exact gradients. Every product at
     ``Precision.HIGHEST``; records with ``keep`` False add exactly 0."""
-    g = gradients
+    g = _clipping
     hi, lo = list(param_leaves), list(param_leaves)
     for j, leaf in enumerate(plan.ghost_leaves):
         A, D = leaf_rows[j]
@@ -651,12 +669,12 @@ def _ghost_sums(plan: Plan, leaf_rows, res_grads, param_leaves, factor, keep, bl
         # the accumulation dtype of the parameter (a conversion of wider
         # activations is one of the roundings the clip factor allows for)
         dtype = g._acc_dtype(jnp.result_type(param_leaves[leaf]))
-        h, l_ = g._df_tree(_block_products(cA.astype(dtype), D0.astype(dtype), block_rows))
+        h, l_ = _certified_sum._df_tree(_block_products(cA.astype(dtype), D0.astype(dtype), block_rows))
         hi[leaf] = to_leaf(plan, j, h, jnp.asarray(param_leaves[leaf], dtype))
         lo[leaf] = to_leaf(plan, j, l_, jnp.asarray(param_leaves[leaf], dtype))
     for leaf, grad in zip(plan.residual_leaves, res_grads):
         clipped = g._keep_records(grad, keep, factor)
-        hi[leaf], lo[leaf] = g._df_tree(clipped.astype(g._acc_dtype(clipped.dtype)))
+        hi[leaf], lo[leaf] = _certified_sum._df_tree(clipped.astype(g._acc_dtype(clipped.dtype)))
     return hi, lo
 
 

@@ -19,7 +19,7 @@ import pytest
 from numpyro.infer import Trace_ELBO
 
 import d3p.random
-from d3p import _ghost, gradients
+from d3p import _clipping, _ghost, _strategies, gradients
 from d3p._paper_models import (
     hierarchical_logistic_regression_guide,
     hierarchical_logistic_regression_model,
@@ -555,7 +555,7 @@ def test_auto_choice_follows_structure_backend_and_budget(monkeypatch):
 
     w = {"W": jnp.ones((5, 3))}
     assert choose_strategy(tanh_weight_loss, w, (x, y)).strategy == "vmap"
-    monkeypatch.setattr(gradients, "_CPU_OUTER_MAX_PARAMS", 4)
+    monkeypatch.setattr(_strategies, "_CPU_OUTER_MAX_PARAMS", 4)
     choice = choose_strategy(tanh_weight_loss, w, (x, y))
     # the CPU's choice, and the other platforms' beside it (selected when lowered)
     assert (choice.strategy, choice.chunk_size) == ("chunked", 1)
@@ -568,7 +568,7 @@ def test_auto_choice_follows_structure_backend_and_budget(monkeypatch):
 def test_auto_choice_per_platform_is_selected_when_lowered(monkeypatch):
     # the CPU rule (one record at a time) must not leak into a program lowered
     # for a GPU: there the records are batched, with no loop; the sum is the same
-    monkeypatch.setattr(gradients, "_CPU_OUTER_MAX_PARAMS", 4)
+    monkeypatch.setattr(_strategies, "_CPU_OUTER_MAX_PARAMS", 4)
     params, (x, y) = {"W": jnp.linspace(-1.0, 1.0, 15).reshape(5, 3)}, _mlp_case(5, B=10)[1]
 
     def tanh_weight_loss(p, r):
@@ -685,8 +685,8 @@ def test_every_strategy_uses_the_shared_norm_bound_and_clip_factor(monkeypatch, 
     """A strategy with its own copy of the norm bound or the clip factor would
     not call the shared one (a drifted copy is a privacy bug)."""
     params, (x, y) = _mlp_case(10, B=6)
-    norm_calls = _spy(monkeypatch, gradients, "_norm_bound")
-    factor_calls = _spy(monkeypatch, gradients, "_clip_factor")
+    norm_calls = _spy(monkeypatch, _clipping, "_norm_bound")
+    factor_calls = _spy(monkeypatch, _clipping, "_clip_factor")
     choices = []
     strategy, chunk = VARIANTS.get(name, (name, None))
     jax.make_jaxpr(lambda p, r: clipped_grad_sum(mlp_loss, p, r, None, 1.0, strategy=strategy,
@@ -697,8 +697,8 @@ def test_every_strategy_uses_the_shared_norm_bound_and_clip_factor(monkeypatch, 
 
 
 def test_clip_gradient_total_norm_and_noise_use_the_shared_primitives(monkeypatch):
-    norm_calls = _spy(monkeypatch, gradients, "_norm_bound")
-    factor_calls = _spy(monkeypatch, gradients, "_clip_factor")
+    norm_calls = _spy(monkeypatch, _clipping, "_norm_bound")
+    factor_calls = _spy(monkeypatch, _clipping, "_clip_factor")
     std_calls = _spy(monkeypatch, gradients, "noise_std")
     grad = {"w": jnp.array([3.0, 4.0]), "b": jnp.array([1.0])}
     # compiled (each function is traced once, as it is called once eagerly)
