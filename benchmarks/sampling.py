@@ -54,7 +54,7 @@ import numpy as np
 
 import d3p.random
 import d3p.random.debug
-from d3p import minibatch
+from d3p import _samplers, minibatch
 from d3p.minibatch import FixedSizeSampler, feistel_permutation
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -143,13 +143,13 @@ def chunk_benchmark(num_records: int, batch_size: int, length: int, rounds: int)
     samplers = {"poisson": minibatch.PoissonSampler(num_records, batch_size / num_records),
                 "fixed": minibatch.FixedSizeSampler(num_records, batch_size)}
     variants = {"argsort": _distinct_uniform_argsort, "sort": minibatch._distinct_uniform}
-    original = minibatch._distinct_uniform
+    original = _samplers._distinct_uniform  # where the samplers look it up
     key = d3p.random.PRNGKey(1)
     fns, outputs, compile_seconds = {}, {}, {}
     treedef = jax.tree.structure(((0, 0), {}))
     for sname, sampler in samplers.items():
         for vname, distinct in [*variants.items(), ("vmap", minibatch._distinct_uniform)]:
-            minibatch._distinct_uniform = distinct
+            _samplers._distinct_uniform = distinct
             minibatch._sample_batch_jit.clear_cache()  # traced again with this variant
             try:
                 if vname == "vmap":
@@ -174,7 +174,7 @@ def chunk_benchmark(num_records: int, batch_size: int, length: int, rounds: int)
                 jax.block_until_ready(chunk())  # compiled while the variant is in place
                 fns[sname, "step", vname] = chunk
             finally:
-                minibatch._distinct_uniform = original
+                _samplers._distinct_uniform = original
                 minibatch._sample_batch_jit.clear_cache()
         for vname in ("sort", "vmap"):
             for a, b in zip(outputs[sname, vname], outputs[sname, "argsort"]):
