@@ -9,7 +9,7 @@ the same kind of loop (medians over rounds):
 - ``no noise``: σ = 0 (no noise is drawn);
 - ``JAX noise``: the noise from ``d3p.random.debug`` (JAX's generator);
 - ``no clipping``: the per-record gradients summed without clipping
-  (``d3p.gradients._clip_records`` replaced by the identity *in this
+  (``d3p._strategies._clip_records`` replaced by the identity *in this
   process only*: not private, for timing);
 - ``no clipping, no noise``: both;
 - ``hand-written`` (logreg only): the same formulation written directly in
@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dpsvi_vs_svi as bm  # noqa: E402
 
 import d3p.random  # noqa: E402
-from d3p import gradients  # noqa: E402
+from d3p import _strategies  # noqa: E402
 from d3p.random import _threefry  # noqa: E402
 from d3p.svi import DPSVI  # noqa: E402
 
@@ -98,17 +98,17 @@ def main(argv=None):
         "no clipping": {"_clip": _no_clipping},
         "no clipping, no noise": {"_clip": _no_clipping, "dp_scale": 0.0},
     }
-    clip_records = gradients._clip_records
+    clip_records = _strategies._clip_records  # where the exact strategies look it up
     try:
         for name, settings in variants.items():
             settings = dict(settings)
-            gradients._clip_records = settings.pop("_clip", clip_records)
+            _strategies._clip_records = settings.pop("_clip", clip_records)
             kwargs = {"clipping_threshold": 1.0, "dp_scale": 1.0, **settings}
             suite = kwargs.get("rng_suite", d3p.random)
             dpsvi = DPSVI(model, guide, numpyro.optim.Adam(lr), Trace_ELBO(), **kwargs, **shared)
             configs[f"DPSVI {name}"] = compiled(dpsvi.update, dpsvi.init(suite.PRNGKey(0), *batch))
     finally:
-        gradients._clip_records = clip_records
+        _strategies._clip_records = clip_records
     if args.model == "logreg":
         configs["hand-written per-record draws"] = compiled(*_hand_written_logreg(batch))
     times = {name: [] for name in configs}
