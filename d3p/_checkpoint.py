@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checkpoints of :meth:`d3p.svi.DPSVI.run`: the state's arrays, the step
 reached and the privacy ledger, in one ``.npz`` file (no pickle: arrays and
-one JSON text only)."""
+one JSON text only). :func:`save_checkpoint`, :func:`load_checkpoint` and
+:class:`Checkpoint` are public as :mod:`d3p.svi`'s."""
 
 import json
 import os
@@ -10,6 +11,8 @@ from typing import Any, NamedTuple, Optional, Sequence, Union
 import jax
 import numpy as np
 
+from d3p import _validate
+from d3p._state import DPSVIRunResult, DPSVIState
 from d3p.ledger import PrivacyLedger
 
 #: The ``format`` field of a checkpoint's metadata.
@@ -67,8 +70,8 @@ def _like(saved: np.ndarray, now):
     return out
 
 
-def save_checkpoint(path: Union[str, os.PathLike], state, step: int,
-                    ledger: Optional[PrivacyLedger] = None) -> None:
+def _write(path: Union[str, os.PathLike], state, step: int, ledger: Optional[PrivacyLedger] = None) -> None:
+    """Write the checkpoint file of :func:`save_checkpoint` (checked arguments)."""
     leaves, treedef = jax.tree.flatten(state)
     arrays = {f"leaf_{i}": np.asarray(jax.device_get(x)) for i, x in enumerate(leaves)}
     meta = {"format": FORMAT, "version": VERSION, "structure": str(treedef), "step": int(step),
@@ -79,7 +82,8 @@ def save_checkpoint(path: Union[str, os.PathLike], state, step: int,
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Union[str, os.PathLike], like=None) -> Checkpoint:
+def _read(path: Union[str, os.PathLike], like=None) -> Checkpoint:
+    """Read the checkpoint file of :func:`load_checkpoint`."""
     with np.load(path, allow_pickle=False) as data:
         try:
             meta = json.loads(str(data["meta"]))
@@ -95,3 +99,52 @@ def load_checkpoint(path: Union[str, os.PathLike], like=None) -> Checkpoint:
     if like is not None:
         checkpoint = checkpoint._replace(state=checkpoint.into(like))
     return checkpoint
+
+
+def save_checkpoint(path, result_or_state, step: Optional[int] = None,
+                    ledger: Optional[PrivacyLedger] = None) -> None:
+    """Save a run's state, the step it reached and its privacy ledger to ``path``
+    (one ``.npz`` file of arrays and JSON text; nothing is pickled).
+
+    :param path: the file to write (replaced atomically).
+    :param result_or_state: a :class:`DPSVIRunResult` (its state, and its
+        ``start_step + num_steps`` as ``step``) or a :class:`DPSVIState`.
+    :param int step: the steps taken (the next batch's index); required with
+        a state, checked against a result's.
+    :param PrivacyLedger ledger: the ledger to save with it (optional).
+
+    The file holds the optimizer state (the parameters), the PRNG key of the
+    next step's noise and the step index: secret, as the noise must be; keep
+    it where the data is kept. Continue with
+    ``svi.run(rng_key, more_steps, *data, init_state=load_checkpoint(path), ...)``
+    and the same ``rng_key`` (see :meth:`DPSVI.run`).
+    """
+    if isinstance(result_or_state, DPSVIRunResult):
+        done = int((result_or_state.start_step or 0) + result_or_state.num_steps)
+        if step is not None and int(step) != done:
+            raise ValueError(f"Expected step={done} for this result (start_step + num_steps), got step={step!r}.")
+        state, step = result_or_state.state, done
+    elif isinstance(result_or_state, DPSVIState):
+        if step is None:
+            raise ValueError("Expected step (the number of steps taken) with a DPSVIState.")
+        state = result_or_state
+    else:
+        raise TypeError(
+            f"Expected result_or_state to be a DPSVIRunResult or DPSVIState, got {type(result_or_state).__name__}.")
+    step = _validate.integer("step", step, minimum=0)
+    if ledger is not None and not isinstance(ledger, PrivacyLedger):
+        raise TypeError(f"Expected ledger to be a d3p.ledger.PrivacyLedger, got {type(ledger).__name__}.")
+    _write(path, state, step, ledger)
+
+
+def load_checkpoint(path, like: Optional[DPSVIState] = None) -> Checkpoint:
+    """Read a checkpoint written by :func:`save_checkpoint`.
+
+    :param path: the file.
+    :param DPSVIState like: optionally a state of the same model, guide and
+        optimizer, into whose structure the saved arrays are put
+        (``checkpoint.state``); without it, :meth:`DPSVI.run` does that when
+        given the checkpoint as ``init_state``.
+    :return: :class:`Checkpoint` ``(state, leaves, structure, step, ledger)``.
+    """
+    return _read(path, like)

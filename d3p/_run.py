@@ -1,8 +1,10 @@
-"""The machinery of :meth:`d3p.svi.DPSVI.run`: batch gathering, the compiled
-chunked ``lax.scan`` and the progress bar."""
+"""A run of :class:`d3p.svi.DPSVI` (:meth:`~d3p.svi.DPSVI.run`): its wiring
+(:func:`run`: the plan, the initial state or checkpoint, the ledger, the
+steps, the result) and its machinery (batch gathering, the compiled chunked
+``lax.scan``, the progress bar). What the run samples with and accounts for
+is :mod:`d3p._run_plan`."""
 
 import functools
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -10,20 +12,12 @@ import numpy as np
 import tqdm
 from jax import lax
 
-from d3p import minibatch
-
-
-class _RunPlan(NamedTuple):
-    """What :meth:`DPSVI.run` samples with and accounts for: the sampler, its
-    accounting (:func:`d3p.accounting.accounting_for`), the ε tracker of the
-    run, the target δ and the noise multiplier σ (``dp_scale``, or calibrated
-    for ``run(epsilon=...)``)."""
-
-    sampler: Any
-    accounting: Any
-    tracker: Any
-    target_delta: float
-    sigma: float = None
+from d3p import _init_state, _model_facts, _private_step, _run_plan, _sharding, _validate, minibatch
+from d3p._checkpoint import Checkpoint
+from d3p._public_init import public_records
+from d3p._records import _records
+from d3p._state import check_state
+from d3p.ledger import PrivacyLedger, key_fingerprint
 
 
 def _batch_gatherer(sampler, rng_suite, treedef):
@@ -132,3 +126,96 @@ def _run_with_progress_bar(run_chunk, svi_state, records, num_steps, plan, start
 _MAX_BAR_CHUNK = 1000
 
 
+# ---------------------------------------------------------------- the run
+
+
+def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_batch_size, target_delta,
+        accountant, relation, progress_bar, stable_update, forward_mode, init_state, init_params, init_data,
+        epsilon, delta, ledger, start_step):
+    """:meth:`DPSVI.run` of ``svi``, its arguments validated and resolved:
+    the plan (sampler, accounting, σ), the ledger's check, then the steps at
+    the plan's σ, which :func:`_run_steps` takes."""
+    num_steps = _validate.integer("num_steps", num_steps, minimum=1)
+    records, treedef, N = _records(args, kwargs, what="data")
+    if delta is not None:
+        if target_delta is not None:
+            raise ValueError(f"Expected one of delta and target_delta, got delta={delta!r} and "
+                             f"target_delta={target_delta!r}.")
+        target_delta = delta
+    checkpoint = init_state if isinstance(init_state, Checkpoint) else None
+    if checkpoint is not None:
+        ledger = checkpoint.ledger if ledger is None else ledger
+        start_step = checkpoint.step if start_step is None else start_step
+    if ledger is not None and not isinstance(ledger, PrivacyLedger):
+        raise TypeError(f"Expected ledger to be a d3p.ledger.PrivacyLedger, got {type(ledger).__name__}.")
+    plan = _run_plan.run_plan(svi, N, num_steps, batch_size, q, sampling, max_batch_size, target_delta,
+                              accountant, relation, epsilon)
+    given = svi.dp_scale
+    svi.dp_scale = plan.sigma   # for this run's steps (the compiled steps are kept per σ); restored below
+    try:
+        _sharding.check_same_in_every_process("rng_key", rng_key)
+        init_key, batch_key = svi.rng_suite.split(rng_key, 2)
+        fingerprint = key_fingerprint(batch_key) if ledger is not None else None
+        if start_step is None:
+            start_step = ledger.steps_taken(fingerprint) if ledger is not None else 0
+        start_step = _validate.integer("start_step", start_step, minimum=0, maximum=2**32 - num_steps)
+        release = None
+        if ledger is not None:   # refused here, before any step, if it would pass the budget
+            release = _run_plan.release(svi, plan, N, num_steps, start_step, fingerprint)
+            ledger.check(release)
+        # with a mesh: the data set whole on every device, each taking its shard of every batch
+        records, batch_key = _private_step.replicated(svi, records, batch_key)
+        update = svi.stable_update if stable_update else svi.update
+        gather, run_chunk = svi._run_cache.steps(update, plan.sampler, svi.rng_suite, treedef, forward_mode,
+                                                 (_run_layout(svi), plan.sigma))
+        batch = lambda: jax.eval_shape(gather, batch_key, records, 0)[:2]   # noqa: E731 - shapes, when needed
+        svi_state = _initial_state(svi, init_state, checkpoint, init_key, batch, treedef, init_params, init_data)
+        svi_state = _checked_initial_state(svi, svi_state, treedef, records, N)
+
+        def run_steps(svi_state, start, data, length):
+            svi_state, losses, ok = run_chunk(svi_state, batch_key, start, data, length)
+            return _require_batches(ok, plan.sampler, (svi_state, losses))
+
+        if progress_bar:
+            svi_state, losses = _run_with_progress_bar(run_steps, svi_state, records, num_steps, plan, start_step)
+        else:
+            svi_state, losses = run_steps(svi_state, jnp.uint32(start_step), records, num_steps)
+        if ledger is not None:
+            ledger.record(release)
+        return _run_plan.run_result(svi, svi_state, losses, plan, N, num_steps, start_step)
+    finally:
+        svi.dp_scale = given
+
+
+def _run_layout(svi):
+    """What the compiled steps of :meth:`DPSVI.run` depend on beyond their
+    arguments: the batch layout and the mesh in context."""
+    return _private_step.batch_layout(svi), jax.sharding.get_abstract_mesh()
+
+
+def _initial_state(svi, init_state, checkpoint, init_key, batch, treedef, init_params, init_data):
+    """The state the run starts from: ``init_state``, or one initialised from
+    public information (the shapes of the abstract batch that ``batch()``
+    gives, or ``init_data``), filled with a ``checkpoint``'s arrays if there is one."""
+    if init_state is not None and checkpoint is None:
+        if init_data is not None:
+            raise ValueError("Expected init_data only without init_state: the state is already initialised.")
+        return init_state
+    if checkpoint is not None and (init_data is not None or init_params is not None):
+        raise ValueError("Expected neither init_data nor init_params with a checkpoint: it holds the state.")
+    like_batch = [jnp.zeros(x.shape, x.dtype) for x in jax.tree.leaves(batch())]
+    public, rows = public_records(init_data, like_batch, treedef, len(like_batch[0]) if like_batch else 0)
+    # the placeholder warning names the caller of DPSVI.run (through run and here)
+    svi_state = _init_state.init_public(svi, init_key, public, treedef, rows, init_params,
+                                        real_values=init_data is not None, stacklevel=6)
+    return svi_state if checkpoint is None else checkpoint.into(svi_state)
+
+
+def _checked_initial_state(svi, svi_state, treedef, records, N):
+    """``svi_state`` checked (a state, the model's plate of ``N`` records, the
+    same key in every process) and replicated on the mesh's devices."""
+    check_state(svi_state)
+    _model_facts.check_records_plate(svi, svi_state, treedef, records, N)
+    _sharding.check_same_in_every_process("init_state", svi_state.rng_key)
+    (svi_state,) = _private_step.replicated(svi, svi_state)
+    return svi_state

@@ -11,6 +11,7 @@ from numpyro.infer.autoguide import AutoDiagonalNormal
 
 import d3p.random
 from d3p import accounting
+from d3p._private_step import noisy_gradient
 from d3p.svi import DPSVI
 
 
@@ -35,10 +36,10 @@ def test_update_releases_grid_multiples():
     params = svi.get_params(state)
     plan = svi.discrete_plan(params)
     assert plan.num_params == 2 and plan.dp_scale == 1.0 and plan.clipping_threshold == 2.0
-    _, grad, _ = svi._noisy_gradient(state, (XS[:20],), {}, None, None, False)
+    _, grad, _ = noisy_gradient(svi, state, (XS[:20],), {}, None, None, False)
     # the same key with every record masked out: the same noise and the same prior
     # and guide terms (added once per step after the noise, see DPSVI's formulation)
-    _, nothing, _ = svi._noisy_gradient(state, (XS[:20],), {}, jnp.zeros(20, bool), None, False)
+    _, nothing, _ = noisy_gradient(svi, state, (XS[:20],), {}, jnp.zeros(20, bool), None, False)
     # the noisy sums are grid * integers, scaled by the public factor N / B
     factor = 200 / 20
     for g, g0 in zip(jax.tree.leaves(grad), jax.tree.leaves(nothing)):
@@ -47,7 +48,7 @@ def test_update_releases_grid_multiples():
     # with d3p 0.2's formulation the released gradient itself is such a multiple
     old = make_svi(formulation="per_record")
     old_state = old.init(d3p.random.PRNGKey(0), XS[:20])
-    _, grad, _ = old._noisy_gradient(old_state, (XS[:20],), {}, None, None, False)
+    _, grad, _ = noisy_gradient(old, old_state, (XS[:20],), {}, None, None, False)
     for g in jax.tree.leaves(grad):
         steps = np.asarray(g, np.float64) / factor / plan.grid
         np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)
@@ -92,8 +93,8 @@ def test_bad_settings(kwargs, match):
 def test_padded_batch_and_empty_batch_are_pure_noise():
     svi = make_svi()
     state = svi.init(d3p.random.PRNGKey(0), XS[:20])
-    _, grad_masked, _ = svi._noisy_gradient(state, (XS[:20],), {}, jnp.zeros(20, bool), 20, False)
-    _, grad_other, _ = svi._noisy_gradient(state, (XS[20:40] + 100.0,), {}, jnp.zeros(20, bool), 20, False)
+    _, grad_masked, _ = noisy_gradient(svi, state, (XS[:20],), {}, jnp.zeros(20, bool), 20, False)
+    _, grad_other, _ = noisy_gradient(svi, state, (XS[20:40] + 100.0,), {}, jnp.zeros(20, bool), 20, False)
     for a, b in zip(jax.tree.leaves(grad_masked), jax.tree.leaves(grad_other)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert np.all(np.isfinite(np.asarray(a)))

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 import d3p.random
+import d3p._private_step
 import d3p.svi
 import d3p.twin as twin
 from d3p import accounting, dputil, minibatch
@@ -61,7 +62,7 @@ def fitted():
     """One real fit, with spies on the noise and on DPSVI.run."""
     df = small_frame()
     noise_calls, run_calls = [], []
-    real_noise = d3p.svi.add_gaussian_noise
+    real_noise = d3p._private_step.add_gaussian_noise
     real_run = d3p.svi.DPSVI.run
 
     def noise_spy(grad_sum, noise_key, dp_scale, clipping_threshold, rng_suite=d3p.random):
@@ -73,7 +74,7 @@ def fitted():
         return real_run(self, rng_key, num_steps, *args, **kwargs)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(d3p.svi, "add_gaussian_noise", noise_spy)
+    mp.setattr(d3p._private_step, "add_gaussian_noise", noise_spy)
     mp.setattr(d3p.svi.DPSVI, "run", run_spy)
     try:
         with pytest.warns(SchemaInferenceWarning):

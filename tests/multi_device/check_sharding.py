@@ -395,7 +395,7 @@ def test_noise_std_is_dp_scale_times_C_sharded(num_devices):
 def test_noise_drawn_per_device_is_rejected(monkeypatch):
     """A step that draws its noise on every device (inside the shard, before the
     sum) instead of once: the noise-std test above rejects it."""
-    import d3p.svi as svi_module
+    import d3p._private_step as step_module
 
     def per_device(loss_fn, params, records, mask, C, **kw):
         result = gradients.clipped_grad_sum(loss_fn, params, records, mask, C, **kw)
@@ -403,8 +403,8 @@ def test_noise_drawn_per_device_is_rejected(monkeypatch):
         noisy = jax.tree.map(lambda g: g + 1.3 * C * jax.random.normal(key, g.shape, g.dtype), result.grad_sum)
         return result._replace(grad_sum=noisy)
 
-    monkeypatch.setattr(svi_module, "clipped_grad_sum", per_device)
-    monkeypatch.setattr(svi_module, "add_gaussian_noise", lambda g, *a, **k: g)
+    monkeypatch.setattr(step_module, "clipped_grad_sum", per_device)
+    monkeypatch.setattr(step_module, "add_gaussian_noise", lambda g, *a, **k: g)
     g = noise_sample(2, 1.3, 0.5)
     assert not ks_accepts_only(g, 1.3 * 0.5 * N / 12, 2)
 

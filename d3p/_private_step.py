@@ -1,0 +1,376 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The private step of :class:`d3p.svi.DPSVI`: per-record losses, their
+clipped sum, the noise, the public normalisation and the optimizer step.
+
+One step (:func:`step`) draws its keys from the state, forms each record's
+loss (:func:`step_losses`, under the resolved ``formulation``), releases the
+noisy clipped sum (:func:`private_sum`: the continuous or the discrete
+mechanism, over the devices of a mesh if there is one), rescales it by public
+constants (:func:`noisy_gradient`), adds the data-independent terms after
+the noise and updates the optimizer. With adaptive clipping the threshold of
+the next step follows from a noisy count (:func:`next_threshold`). The
+functions take the :class:`~d3p.svi.DPSVI` whose settings they read; the
+settings themselves are validated here (:func:`privacy_settings`,
+:func:`noise_setting`).
+
+**Formal guarantees.** The released quantity of a step is the noisy clipped
+sum; everything after it is post-processing of it and of public constants
+(see :class:`d3p.svi.DPSVI` and docs/privacy.md).
+"""
+
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from d3p import _adaptive, _elbo_terms, _model_facts, _sharding, _validate, accounting, discrete, gradients
+from d3p._gradient_lists import _public_number
+from d3p._records import _records
+from d3p._state import DPSVIState, check_state, state_scale
+from d3p.gradients import add_gaussian_noise, clipped_grad_sum
+from d3p.random import _threefry
+
+# ---------------------------------------------------------------- settings
+
+
+def privacy_settings(clipping_threshold, dp_scale):
+    """``(C, sigma)`` as floats: ``C > 0`` and ``sigma >= 0`` finite, except
+    ``C = inf`` together with ``sigma = 0`` (no privacy, for testing)."""
+    C = _validate.positive("clipping_threshold", clipping_threshold, finite=False)
+    if dp_scale is None:   # chosen by run(..., epsilon=...)
+        if math.isinf(C):
+            raise ValueError("Expected a finite clipping_threshold when dp_scale is left to run(epsilon=...), got "
+                             f"clipping_threshold={C}.")
+        return C, None
+    s = _validate.non_negative("dp_scale", dp_scale)
+    if math.isinf(C) and s != 0:
+        raise ValueError(
+            f"Expected a finite clipping_threshold, got clipping_threshold={C} with "
+            f"dp_scale={s}: the noise would be infinite. (C=inf is allowed only with "
+            "dp_scale=0, i.e. without privacy.)"
+        )
+    return C, s
+
+
+def noise_setting(noise, dp_scale: float, clipping_threshold: float, strategy: str) -> str:
+    """The validated ``noise`` argument of :class:`DPSVI`."""
+    noise = accounting._noise(noise)   # the one list of mechanisms
+    if noise == "discrete":
+        if dp_scale == 0 or math.isinf(clipping_threshold):
+            raise ValueError(
+                f"Expected dp_scale > 0 and a finite clipping_threshold with noise='discrete', got "
+                f"dp_scale={dp_scale!r} and clipping_threshold={clipping_threshold!r}."
+            )
+        if strategy not in ("auto", "scan"):
+            raise ValueError(
+                f"Expected gradient_strategy 'auto' or 'scan' with noise='discrete' (it forms each "
+                f"record's gradient on its own, one record at a time, so that its rounding does not "
+                f"depend on the batch), got gradient_strategy={strategy!r}."
+            )
+    return noise
+
+
+def optional_count(name, value) -> Optional[int]:
+    """``None``, or an integer ``>= 1``."""
+    return None if value is None else _validate.integer(name, value, minimum=1)
+
+
+def noise_multiplier(svi) -> float:
+    """``dp_scale``, or a ``ValueError`` where it is left to ``run(epsilon=...)``."""
+    if svi.dp_scale is None:
+        raise ValueError(
+            "Expected a noise multiplier: this DPSVI was made with dp_scale=None, so only "
+            "run(..., epsilon=..., delta=...) can choose it; pass dp_scale to DPSVI for update, "
+            "get_epsilon and get_delta.")
+    return svi.dp_scale
+
+
+def warn_if_all_noise(svi, batch_size, stacklevel: int, sigma: Optional[float] = None) -> None:
+    """:func:`d3p._validate.warn_if_all_noise` for the DPSVI's σ and C and a
+    public (expected) batch size, once per batch size; nothing for a traced
+    one. ``stacklevel`` counts from this function's caller (1)."""
+    if isinstance(batch_size, jax.core.Tracer):
+        return
+    sigma = noise_multiplier(svi) if sigma is None else sigma
+    key = (sigma, float(batch_size))
+    if key not in svi._noise_warnings:
+        svi._noise_warnings.add(key)
+        _validate.warn_if_all_noise(sigma, float(batch_size), svi.clipping_threshold, stacklevel=stacklevel + 1)
+
+
+def discrete_plan(svi, params) -> "discrete.DiscretePlan":
+    """See :meth:`DPSVI.discrete_plan`: kept per σ and parameter count."""
+    num_params = sum(int(np.size(x)) for x in jax.tree.leaves(params))
+    key = (noise_multiplier(svi), num_params)
+    if key not in svi._discrete_plans:
+        svi._discrete_plans[key] = discrete.discrete_plan(svi.dp_scale, svi.clipping_threshold, num_params)
+    return svi._discrete_plans[key]
+
+
+def batch_layout(svi):
+    """How a step's batch is sharded (:func:`d3p._sharding.batch_layout`):
+    over ``mesh``, else the mesh in context, else None (one device)."""
+    return _sharding.batch_layout(svi.mesh, svi.batch_axis)
+
+
+def replicated(svi, *trees) -> tuple:
+    """``trees`` placed whole on every device of the mesh, if there is one."""
+    return _sharding.replicate(trees, _sharding.concrete_mesh(batch_layout(svi)))
+
+
+# ---------------------------------------------------------------- thresholds
+
+
+def initial_threshold(svi) -> Optional[jax.Array]:
+    """:attr:`DPSVIState.clipping_threshold` of :meth:`DPSVI.init`: the initial
+    ``C`` with adaptive clipping, else None."""
+    if svi.adaptive_clipping is None:
+        return None
+    return jnp.asarray(svi.clipping_threshold, dtype=jnp.result_type(float))
+
+
+def step_threshold(svi, svi_state):
+    """``C`` of this step: the state's ``C_t`` with adaptive clipping, else
+    the constructor's."""
+    if svi.adaptive_clipping is None:
+        return svi.clipping_threshold
+    if svi_state.clipping_threshold is None:
+        raise ValueError(
+            "Expected a state with a clipping_threshold (from init of a DPSVI with adaptive_clipping), got "
+            "svi_state.clipping_threshold=None.")
+    return svi_state.clipping_threshold
+
+
+def next_threshold(svi, svi_state, result, mask, C, expected_batch_size, count_key):
+    """``C_{t+1}`` of adaptive clipping, from the noisy count of the
+    records whose norm is at most ``C`` (:mod:`d3p._adaptive`); without
+    it, the state's field unchanged."""
+    settings = svi.adaptive_clipping
+    if settings is None:
+        return svi_state.clipping_threshold
+    fraction = _adaptive.noisy_fraction(result.norms, mask, C, settings.count_std(expected_batch_size),
+                                        expected_batch_size, count_key, svi.rng_suite)
+    return _adaptive.next_threshold(C, fraction, settings)
+
+
+def threshold_bound(svi) -> Optional[float]:
+    """The public upper bound of ``C`` that the sum's overflow check uses:
+    ``max_threshold`` with adaptive clipping, else None (``C`` itself)."""
+    return None if svi.adaptive_clipping is None else svi.adaptive_clipping.max_threshold
+
+
+# -------------------------------------------------------- per-record losses
+
+
+def record_loss_fn(svi, treedef, scale, key_impl=None):
+    """loss(params, record) of one record, ``record = (jax_key, leaves)``,
+    divided by the public constant ``scale`` unless it is None; with
+    ``key_impl``, ``jax_key`` is raw key data of that implementation."""
+
+    def record_loss(params, record):
+        key, leaves = record
+        if key_impl is not None:
+            key = jax.random.wrap_key_data(key, impl=key_impl)
+        args, kwargs = jax.tree.unflatten(treedef, [jnp.expand_dims(x, 0) for x in leaves])
+        loss = svi.loss.loss(
+            key, svi.constrain_fn(params), svi.model, svi.guide, *args, **kwargs, **svi.static_kwargs
+        )
+        return loss if scale is None else loss / scale
+
+    return record_loss
+
+
+def step_losses(svi, params, treedef, leaves, scale, key_impl, jax_key):
+    """``(record_loss, global_loss, shared)`` of a step under the resolved
+    ``formulation``: the loss of one record (clipped); the loss of the
+    data-independent sites, evaluated once per step (None under
+    ``"per_record"`` or without such sites); and the key of the draw
+    shared by the batch (None under ``"per_record"``), from which
+    ``record_loss(shared)`` is the loss of one record."""
+    formulation, facts = _model_facts.split_facts(svi, params, treedef, leaves)
+    svi.formulation_choice = formulation
+    if formulation == "per_record":
+        return record_loss_fn(svi, treedef, scale, key_impl), None, None
+    plates = _model_facts.records_plates(svi, params, treedef, leaves)
+    # one key per step for the draw shared by the batch: from the step's
+    # Monte Carlo key, never from data (fold_in tag: "shared")
+    shared = jax.random.fold_in(_threefry.fast_key(jax_key), 0x5348)
+
+    def record_loss(shared_key):
+        return _elbo_terms.record_loss_fn(svi, formulation, facts, plates, treedef, scale, key_impl, shared_key)
+
+    one_record = list(_model_facts.one_record(leaves))
+    if formulation == "aligned":   # the mechanism's vector is the draw's: private_sum forms it
+        record_loss = _elbo_terms.AlignedStep(svi, facts, plates, treedef, scale, key_impl, tuple(one_record))
+    if not facts.global_sites:
+        return record_loss, None, shared
+    return record_loss, _elbo_terms.global_loss_fn(svi, facts, plates, treedef, one_record, shared), shared
+
+
+# ------------------------------------------------------------------ the step
+
+
+def _checked_mask(mask, B: int):
+    """``mask`` as a boolean array ``(B,)`` (one boolean: for the whole batch), or None."""
+    if mask is None:
+        return None
+    mask = jnp.asarray(mask)
+    if mask.shape == () and mask.dtype == jnp.bool_:
+        mask = jnp.broadcast_to(mask, (B,))   # d3p 0.2: one flag for the whole batch
+    if mask.shape != (B,) or mask.dtype != jnp.bool_:
+        raise ValueError(
+            f"Expected mask to be a boolean array of shape ({B},) (True for real "
+            f"records) or one boolean for the whole batch, got dtype {mask.dtype} and "
+            f"shape {mask.shape}."
+        )
+    return mask
+
+
+def _public_batch_size(expected_batch_size, B: int):
+    """The public constant by which the noisy sum is normalised: ``expected_batch_size``, or ``B``."""
+    if expected_batch_size is None:
+        if B == 0:
+            raise ValueError(
+                "Expected expected_batch_size for a batch of 0 records, got None: the "
+                "noisy sum is normalised by the public batch size (e.g. q * N under "
+                "Poisson sampling), never by the realised count."
+            )
+        return B
+    return _public_number(_validate.positive, "expected_batch_size", expected_batch_size)
+
+
+def _record_keys(jax_key, B: int):
+    """``(keys, key_impl)``: the Monte Carlo keys of the ``B`` records, as
+    ``jax.random.split(jax_key, B)``, computed without Threefry's rolled loops
+    (see :mod:`d3p.random._threefry`); typed keys are carried as raw data (which
+    the strategies can pad and chunk) with their implementation ``key_impl``."""
+    record_keys = jax.random.split(_threefry.fast_key(jax_key), max(B, 1))[:B]
+    key_impl = None
+    if jnp.issubdtype(record_keys.dtype, jax.dtypes.prng_key):
+        key_impl = jax.random.key_impl(record_keys)
+        record_keys = jax.random.key_data(record_keys)
+    return record_keys, key_impl
+
+
+def noisy_gradient(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
+    """``(state, noisy_gradient, loss)`` of one step (see :meth:`DPSVI.update`);
+    ``state`` has the new key and observation scale, the old optimizer state."""
+    check_state(svi_state)
+    rng_key, grad_key, noise_key = svi.rng_suite.split(svi_state.rng_key, 3)
+    records, treedef, B = _records(args, kwargs)
+    mask = _checked_mask(mask, B)
+    expected_batch_size = _public_batch_size(expected_batch_size, B)
+    warn_if_all_noise(svi, expected_batch_size, stacklevel=5)   # the caller of update
+    C = step_threshold(svi, svi_state)
+    count_key = None
+    if svi.adaptive_clipping is not None:   # the noise of adaptive clipping's count: a key of its own
+        noise_key, count_key = svi.rng_suite.split(noise_key, 2)
+    jax_key = svi.rng_suite.convert_to_jax_rng_key(grad_key)
+    record_keys, key_impl = _record_keys(jax_key, B)
+    params = svi.optim.get_params(svi_state.optim_state)
+    with _model_facts.model_errors_explained(svi, args, kwargs):
+        # a public constant (None without clip_unscaled_observations): see _model_facts.observation_scale
+        scale = _model_facts.observation_scale(svi, params, treedef, records)
+        loss_fn, global_loss, shared = step_losses(svi, params, treedef, records, scale, key_impl, jax_key)
+        result, noisy_sum = private_sum(svi, loss_fn, params, (record_keys, list(records)), mask, forward_mode,
+                                        noise_key, C, shared)
+    # the public normalisation: N / B when the per-record losses were divided
+    # by the observation scale (N, the scale of a batch of one), else 1 / B
+    factor = (1.0 if scale is None else scale) / expected_batch_size
+    grad = jax.tree.map(lambda g: g * jnp.asarray(factor, g.dtype), noisy_sum)
+    loss = jnp.sum(result.losses) * factor
+    if global_loss is not None:
+        # the data-independent terms (see formulation): public post-processing after the noise
+        global_value, global_grad = gradients._value_and_grad_one(
+            lambda p, _: global_loss(p), params, None, forward_mode)
+        grad = jax.tree.map(lambda g, h: g + h.astype(g.dtype), grad, global_grad)
+        loss = loss + global_value
+    observation_scale = svi_state.observation_scale
+    if observation_scale is not None:
+        observation_scale = state_scale(scale)
+    next_C = next_threshold(svi, svi_state, result, mask, C, expected_batch_size, count_key)
+    return DPSVIState(svi_state.optim_state, None, rng_key, observation_scale, next_C), grad, loss
+
+
+def private_sum(svi, loss_fn, params, records, mask, forward_mode, noise_key, C, shared=None):
+    """``(ClippedSum, noisy sum)``: the clipped sum over records, over the
+    devices of the mesh if there is one, and its noisy release (the noise
+    drawn once, for the whole sum), by the continuous or the discrete
+    mechanism, with this step's clipping threshold ``C``. With ``shared``
+    (the key of the draw shared by the batch), ``loss_fn(shared)`` is the
+    loss of one record (see :func:`step_losses`). Under ``"aligned"``
+    (``loss_fn`` an :class:`d3p._elbo_terms.AlignedStep`) the sum is over
+    the records' gradients with respect to the shared draw and the
+    parameters they read directly; the noisy sum is then mapped to the
+    parameters by the chain rule (post-processing)."""
+    if isinstance(loss_fn, _elbo_terms.AlignedStep):
+        loss_of, theta, pullback = loss_fn.terms(params, shared)
+        result, noisy = private_sum(svi, loss_of, theta, records, mask, forward_mode, noise_key, C, shared)
+        return result, pullback(noisy)
+    loss_of = (lambda *_: loss_fn) if shared is None else loss_fn
+    layout = batch_layout(svi)
+    if svi.adaptive_clipping is not None and layout is not None:
+        raise ValueError("Expected no mesh in context (jax.set_mesh) with adaptive_clipping: adaptive "
+                         "clipping runs on one device.")
+    if svi.noise == "discrete":
+        plan = discrete_plan(svi, params)
+        discrete._check_slots(plan, gradients._batch_size(records))   # the whole batch's slots
+
+        def integer_sum(p, recs, m, num_shards, *key):   # int32: exact whatever the number of shards
+            return discrete.clipped_integer_sum(loss_of(*key), p, recs, m, plan, forward_mode=forward_mode)
+
+        result = _sharding.sharded_sum(layout, integer_sum, params, records, mask, shared)
+        dtype = jnp.result_type(*jax.tree.leaves(params))
+        noisy = discrete.add_discrete_gaussian_noise(result.grad_sum, noise_key, plan, svi.rng_suite, dtype)
+        noisy = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), noisy, params)
+        return result, noisy
+
+    def float_sum(p, recs, m, num_shards, *key):
+        return clipped_grad_sum(
+            loss_of(*key), p, recs, m, C, strategy=svi.gradient_strategy,
+            chunk_size=svi.chunk_size, forward_mode=forward_mode,
+            memory_budget_bytes=svi.memory_budget_bytes, on_choice=svi._record_choice,
+            num_shards=num_shards, threshold_bound=threshold_bound(svi),
+        )
+
+    result = _sharding.sharded_sum(layout, float_sum, params, records, mask, shared)
+    noisy = add_gaussian_noise(result.grad_sum, noise_key, noise_multiplier(svi), C, svi.rng_suite)
+    return result, noisy
+
+
+def step(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
+    """One step: ``(new_state, loss, noisy_gradient)``; see :meth:`DPSVI.update`."""
+    state, grad, loss = noisy_gradient(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode)
+    optim_state = svi.optim.update(grad, svi_state.optim_state, value=svi._optim_value)
+    return state._replace(optim_state=optim_state), loss, grad
+
+
+def _all_finite(tree) -> jax.Array:
+    """Whether every inexact entry of ``tree`` is finite (True for none)."""
+    leaves = [jnp.asarray(x) for x in jax.tree.leaves(tree)]
+    checks = [jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.asarray(checks or [True]))
+
+
+def keep_if_not_finite(old_state, new_state, loss, grad):
+    """:meth:`DPSVI.stable_update`'s guard: ``new_state`` if the noisy gradient
+    and its optimizer state are finite, else ``new_state`` with the optimizer
+    state of ``old_state`` (the key still advances) and a ``nan`` loss."""
+    ok = jnp.all(jnp.isfinite(ravel_pytree(grad)[0])) & _all_finite(new_state.optim_state)
+    optim_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new_state.optim_state, old_state.optim_state)
+    return new_state._replace(optim_state=optim_state), jnp.where(ok, loss, jnp.nan)
+
+
+def perturbation(rng_suite, rng, values, perturbation_scale):
+    """See :meth:`DPSVI.perturbation_function`: one key per leaf, split from ``rng``."""
+    rng_suite = _validate.rng_suite("rng_suite", rng_suite)
+    scale = _validate.non_negative("perturbation_scale", perturbation_scale)
+    leaves, treedef = jax.tree.flatten(values)
+    if not leaves:
+        return values
+    keys = rng_suite.split(rng, len(leaves))
+    noisy = [add_gaussian_noise(leaf, keys[i], scale, 1.0, rng_suite) for i, leaf in enumerate(leaves)]
+    return jax.tree.unflatten(treedef, noisy)

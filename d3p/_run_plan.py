@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What a run of :class:`d3p.svi.DPSVI` samples with and accounts for.
+
+:func:`run_plan` turns :meth:`DPSVI.run <d3p.svi.DPSVI.run>`'s arguments into
+its sampler, that sampler's accounting (:func:`d3p.accounting.accounting_for`,
+the one mapping from samplers to accountings), the noise multiplier (given,
+or calibrated for ``run(epsilon=...)``: :func:`run_sigma`) and the ε tracker
+of the run; :func:`release` is the ledger's record of it and
+:func:`run_result` the result with the privacy spent. :func:`account` is the
+accounting of :meth:`DPSVI.get_epsilon <d3p.svi.DPSVI.get_epsilon>` and
+:meth:`DPSVI.get_delta <d3p.svi.DPSVI.get_delta>`. All of it reads public
+facts only: σ, C, q, the number of steps and records, δ.
+"""
+
+import math
+from typing import Any, NamedTuple, Optional
+
+from d3p import _adaptive, _private_step, _sampling, _validate, accounting
+from d3p._state import DPSVIRunResult
+from d3p.ledger import GaussianSteps
+
+#: The values of :meth:`DPSVI.run`'s ``sampling``.
+SAMPLINGS = ("poisson", "fixed")
+
+
+class RunPlan(NamedTuple):
+    """What :meth:`DPSVI.run` samples with and accounts for: the sampler, its
+    accounting (:func:`d3p.accounting.accounting_for`), the ε tracker of the
+    run, the target δ and the noise multiplier σ (``dp_scale``, or calibrated
+    for ``run(epsilon=...)``)."""
+
+    sampler: Any
+    accounting: Any
+    tracker: Any
+    target_delta: float
+    sigma: float = None
+
+
+def _sampler(N, batch_size, q, sampling, max_batch_size):
+    """The sampler of :meth:`DPSVI.run`'s arguments."""
+    from d3p import minibatch
+
+    if N < 1:
+        raise ValueError("Expected a non-empty data set, got 0 records.")
+    if not (isinstance(sampling, str) and sampling in SAMPLINGS):  # exactly, as the docs spell them
+        raise ValueError(f"Expected sampling to be one of 'poisson', 'fixed', got sampling={sampling!r}.")
+    if (batch_size is None) == (q is None):
+        raise ValueError(
+            f"Expected exactly one of batch_size and q for sampling={sampling!r}, got "
+            f"batch_size={batch_size}, q={q}. (For full-batch training pass batch_size=N.)"
+        )
+    if sampling == "fixed":
+        if batch_size is None:
+            batch_size = minibatch.q_to_batch_size(q, N)
+        if max_batch_size is not None:
+            raise ValueError("max_batch_size applies only to sampling='poisson'.")
+        return minibatch.FixedSizeSampler(N, batch_size)
+    if q is None:
+        q = minibatch.batch_size_to_q(batch_size, N)
+    return minibatch.PoissonSampler(N, q, max_batch_size)
+
+
+def run_plan(svi, N, num_steps, batch_size, q, sampling, max_batch_size, target_delta, accountant,
+             relation, epsilon=None) -> RunPlan:
+    """:meth:`DPSVI.run`'s sampler and its accounting, from run's arguments
+    (called by :func:`d3p._run.run`: its warnings name the caller of ``DPSVI.run``)."""
+    sampler = _sampler(N, batch_size, q, sampling, max_batch_size)
+    acc = accounting.accounting_for(sampler.name, relation, svi.noise)
+    if target_delta is None:
+        target_delta = 1.0 / N**2
+    target_delta = _validate.open_unit("delta" if epsilon is not None else "target_delta", target_delta)
+    _validate.warn_if_large_delta("target_delta", target_delta, N, stacklevel=5)
+    sigma, target_delta = run_sigma(svi, epsilon, acc, sampler, num_steps, target_delta, accountant)
+    tracker = acc.tracker(accounted_sigma(svi, sigma, sampler.expected_batch_size), sampler.q, target_delta,
+                          num_steps=num_steps, accountant=accountant)
+    # public facts only: σ, C, the expected batch size, N and δ
+    _private_step.warn_if_all_noise(svi, sampler.expected_batch_size, stacklevel=5, sigma=sigma)
+    return RunPlan(sampler, acc, tracker, target_delta, sigma)
+
+
+def run_sigma(svi, epsilon, acc, sampler, num_steps, delta, accountant):
+    """``(sigma, delta_run)``: ``dp_scale`` and ``delta``, or, for
+    ``run(epsilon=...)``, σ calibrated for this run's accounting at
+    ``delta_run``, ``delta`` less the Poisson overflow term at ``epsilon``."""
+    if epsilon is None:
+        return _private_step.noise_multiplier(svi), delta
+    epsilon = _validate.positive("epsilon", epsilon, finite=False)
+    if svi.dp_scale is not None:
+        raise ValueError(
+            f"Expected either a noise multiplier or an epsilon, got dp_scale={svi.dp_scale!r} (given to "
+            f"DPSVI) and epsilon={epsilon!r} (asked of run): make DPSVI with dp_scale=None to ask for an "
+            "epsilon, or leave epsilon out to use dp_scale.")
+    if math.isinf(epsilon):
+        return 0.0, delta
+    overflow = acc.overflow_delta(sampler.num_records, sampler.q, sampler.max_batch_size, num_steps, epsilon)
+    delta_run = delta - overflow
+    if not delta_run > 0.5 * delta:
+        raise ValueError(
+            f"Expected the Poisson batches to overflow rarely: with max_batch_size={sampler.max_batch_size} "
+            f"they add {overflow:.3g} to delta={delta:g}. Use a larger max_batch_size or the default.")
+    from d3p import dputil
+
+    sigma, _, _ = dputil.calibrate_sigma(epsilon, delta_run, sampler.q, num_steps, sampler=acc.sampler,
+                                         relation=acc.relation, noise=acc.noise, accountant=accountant)
+    if svi.adaptive_clipping is not None:   # σ is σ_eff of gradient and count: the gradient's share
+        return _adaptive.gradient_sigma(float(sigma), svi.adaptive_clipping.count_std(
+            sampler.expected_batch_size)), delta_run
+    return float(sigma), delta_run
+
+
+def release(svi, plan, N: int, num_steps: int, start_step: int, fingerprint) -> GaussianSteps:
+    """The ledger's record of a run: its steps, with the probability η that
+    a Poisson batch overflowed its padded size (for the larger neighbour)."""
+    sampler, acc = plan.sampler, plan.accounting
+    eta = 0.0
+    if acc.sampler == "poisson":
+        eta = min(1.0, num_steps * _sampling.overflow_probability(N + 1, sampler.q, sampler.max_batch_size))
+    sigma = accounted_sigma(svi, plan.sigma, sampler.expected_batch_size)
+    return GaussianSteps(f"DPSVI.run: {num_steps} steps", sigma, float(sampler.q), num_steps,
+                         str(acc.sampler), str(acc.relation), acc.noise, eta, start_step, fingerprint)
+
+
+def run_result(svi, svi_state, losses, plan, N, num_steps, start_step=0) -> DPSVIRunResult:
+    """:meth:`DPSVI.run`'s result: the final state with the privacy spent by its steps."""
+    sampler, acc = plan.sampler, plan.accounting
+    epsilon = plan.tracker.epsilon(num_steps)
+    # a Poisson batch larger than max_batch_size is truncated: that event's
+    # probability adds to δ
+    delta = min(1.0, plan.target_delta + acc.overflow_delta(
+        N, sampler.q, sampler.max_batch_size, num_steps, epsilon))
+    return DPSVIRunResult(
+        svi.get_params(svi_state), svi_state, losses, epsilon=epsilon, delta=delta,
+        relation=acc.relation, sampler=acc.sampler,
+        sigma=accounted_sigma(svi, plan.sigma, sampler.expected_batch_size), q=sampler.q,
+        num_steps=num_steps, start_step=start_step,
+    )
+
+
+# ---------------------------------------------------------------- accounting
+
+
+def accounted_sigma(svi, sigma: float, expected_batch_size: Optional[float] = None) -> float:
+    """The noise multiplier that steps with gradient noise multiplier
+    ``sigma`` are accounted with: ``sigma``, or with adaptive clipping
+    ``σ_eff`` of the gradient sum and the count together
+    (:meth:`AdaptiveClipping.effective_sigma`; the count noise for the public
+    ``expected_batch_size`` if ``count_noise`` is not given)."""
+    settings = svi.adaptive_clipping
+    if settings is None:
+        return sigma
+    if settings.count_noise is None and expected_batch_size is None:
+        raise ValueError(
+            "Expected count_noise in AdaptiveClipping for get_epsilon and get_delta: the default count noise "
+            "(the expected batch size / 20) is known to run and update only, not from q.")
+    return _adaptive.effective_sigma(sigma, settings.count_std(expected_batch_size))
+
+
+def account(svi, figure, target, q, num_epochs, num_iter, relation, accountant, sampler) -> float:
+    """The arguments of :meth:`DPSVI.get_epsilon` and :meth:`DPSVI.get_delta` resolved to
+    a number of steps and an accounting, whose ``figure`` (``"epsilon"`` or
+    ``"delta"``) is returned for ``target`` (δ or ε)."""
+    steps = _num_steps(q, num_epochs, num_iter)
+    compute = getattr(_method_accounting(sampler, relation, svi.noise), figure)
+    return compute(accounted_sigma(svi, _private_step.noise_multiplier(svi)), q, steps, target, accountant=accountant)
+
+
+def _method_accounting(sampler, relation, noise="gaussian"):
+    """The accounting of :meth:`DPSVI.get_epsilon`/:meth:`DPSVI.get_delta`:
+    with neither argument, fixed-size batches under substitute (the most
+    conservative accounting; d3p 0.2 composed the Poisson add/remove bound
+    here, see docs/migration.md)."""
+    if sampler is None and relation is None:
+        sampler = "fixed_size"
+    return accounting.accounting_for(sampler, relation, noise)
+
+
+def _num_steps(q, num_epochs, num_iter) -> int:
+    if (num_epochs is None) == (num_iter is None):
+        raise ValueError(
+            f"Expected exactly one of num_epochs and num_iter, got num_epochs={num_epochs}, "
+            f"num_iter={num_iter}."
+        )
+    if num_iter is not None:
+        return _validate.integer("num_iter", num_iter, minimum=1)
+    epochs = _validate.positive("num_epochs", num_epochs)
+    q = _validate.probability("q", q)
+    return max(1, int(math.ceil(epochs / q)))
