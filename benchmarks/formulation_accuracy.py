@@ -60,6 +60,7 @@ from d3p.gmm import GaussianMixture
 from d3p.svi import DPSVI
 
 FORMULATIONS = ("per_record", "own_sample", "shared_sample")
+ALL_FORMULATIONS = FORMULATIONS + ("aligned",)
 EPSILONS = (1.0, 8.0)
 SAMPLES = 200   # posterior samples for the predictive densities and moments
 
@@ -244,6 +245,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["logreg", "hlogreg", "gmm", "vae"])
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--formulations", nargs="+", default=list(FORMULATIONS), choices=ALL_FORMULATIONS)
+    parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS))
     parser.add_argument("--output-dir", default=os.path.join("benchmarks", "output"))
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -258,8 +261,8 @@ def main(argv=None):
         refs = [fit_svi(p, s) for s in range(args.seeds)]
         results = {("svi", None): [compare(p, r, refs[0], jax.random.PRNGKey(100)) for r in refs]}
         sigmas = {}
-        for epsilon in EPSILONS:
-            for formulation in FORMULATIONS:
+        for epsilon in args.epsilons:
+            for formulation in args.formulations:
                 got = []
                 for s in range(args.seeds):
                     params, sigma = fit_dpsvi(p, formulation, epsilon, s)

@@ -16,6 +16,17 @@ record's own terms and adds the global ones once per step, after the noise:
 - ``"shared_sample"``: one draw of the global latent variables per step,
   shared by all records and by the global terms (as NumPyro's SVI draws one
   sample per step); local latent variables still get one draw per record.
+- ``"aligned"``: the draw of ``"shared_sample"``, but what each record
+  contributes (and what is clipped and noised) is the gradient of its terms
+  with respect to the *values* of the global latent variables (and to the
+  parameters its terms read directly: a model's own parameters, a local
+  guide's), not to the guide's parameters. The gradient for the guide's
+  parameters of the global variables follows by the chain rule through the
+  shared draw, after the noise (:func:`aligned_terms`). A guide's location
+  and scale then see the same noisy vector, the scale's part multiplied by
+  the standardised draw (Jälkö, Prediger, Honkela & Kaski, "DPVIm:
+  Differentially private variational inference improved", TMLR 2023): the
+  noise no longer drives the scales, whose own gradient is weak.
 
 Keys: under ``"shared_sample"`` every unobserved sample site gets its key by
 name (:class:`SiteKeys`): ``fold_in(record_key, site)`` inside a records
@@ -41,7 +52,7 @@ from numpyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from numpyro.primitives import Messenger
 
 #: The values of DPSVI's ``formulation``.
-FORMULATIONS = ("auto", "shared_sample", "own_sample", "per_record")
+FORMULATIONS = ("auto", "aligned", "shared_sample", "own_sample", "per_record")
 
 #: The ELBOs whose per-site terms d3p can separate (``sum_sites=False``).
 SPLITTABLE = (Trace_ELBO, TraceMeanField_ELBO)
@@ -56,7 +67,7 @@ def splittable(loss) -> bool:
 def requested(formulation: str, loss) -> str:
     """The validated ``formulation`` for the ELBO ``loss``: an explicit split
     formulation needs a :data:`SPLITTABLE` ELBO."""
-    if formulation in ("shared_sample", "own_sample") and not splittable(loss):
+    if formulation in ("aligned", "shared_sample", "own_sample") and not splittable(loss):
         raise ValueError(
             f"Expected per_example_loss to be numpyro's Trace_ELBO or TraceMeanField_ELBO with "
             f"formulation={formulation!r}, got {type(loss).__name__}: d3p separates the ELBO's terms "
@@ -120,10 +131,15 @@ class SplitFacts(NamedTuple):
       depend on the record (frozenset of names).
     - **dependent** - the sites outside the records plates whose terms may
       depend on the record's values (they make the split unusable).
+    - **global_latents** - the model's latent (unobserved) sample sites
+      outside every records plate that the guide draws: the values
+      ``"aligned"`` differentiates (a latent without a guide site is drawn
+      by the model from its prior, as under ``"shared_sample"``).
     """
 
     global_sites: frozenset
     dependent: tuple
+    global_latents: tuple = ()
 
 
 def split_facts(loss, model, guide, constrain_fn, static_kwargs, param_structs, treedef, one_record,
@@ -143,19 +159,22 @@ def split_facts(loss, model, guide, constrain_fn, static_kwargs, param_structs, 
             for name, site in tr.items():
                 if site["type"] == "sample":
                     roles[name] = roles.get(name, False) or _in_plates(site, plates)
+        latents[:] = sorted(n for n, site in model_tr.items() if site["type"] == "sample"
+                            and not site["is_observed"] and not _in_plates(site, plates)
+                            and guide_tr.get(n, {}).get("type") == "sample")
         terms = site_losses(loss, rng_key, constrained, SiteKeys(model, plates, rng_key, rng_key),
                             SiteKeys(guide, plates, rng_key, rng_key), args, kwargs)
         outside[:] = sorted(n for n, local in roles.items() if not local and n in terms)
         return [jnp.asarray(terms[n]) for n in outside]
 
-    outside = []
+    outside, latents = [], []
     abstract_key = jax.eval_shape(jax.random.PRNGKey, 0)
     closed = jax.make_jaxpr(global_terms)(param_structs, abstract_key, list(one_record))
     num_records = len(one_record)
     record_vars = closed.jaxpr.invars[len(closed.jaxpr.invars) - num_records:] if num_records else []
     depends = _depends_on(closed.jaxpr, record_vars)
     dependent = tuple(n for n, d in zip(outside, depends) if d)
-    return SplitFacts(frozenset(n for n in outside if n not in dependent), dependent)
+    return SplitFacts(frozenset(n for n in outside if n not in dependent), dependent, tuple(latents))
 
 
 def _depends_on(jaxpr, inputs) -> list:
@@ -216,3 +235,115 @@ def global_loss_fn(svi, facts: SplitFacts, plates, treedef, one_record, shared_k
         return total(terms, facts.global_sites, dtype)
 
     return global_loss
+
+
+def global_draws_fn(svi, facts: SplitFacts, plates, treedef, one_record, shared_key):
+    """``draws(params) -> {site: value}``: the step's shared draw of the
+    model's global latent variables (``facts.global_latents``) from the guide,
+    on a placeholder record (public: the draw reads parameters and the shared
+    key only, as :func:`global_loss_fn`)."""
+    placeholder = placeholder_record(one_record)
+
+    def draws(params):
+        args, kwargs = jax.tree.unflatten(treedef, placeholder)
+        kwargs = {**kwargs, **svi.static_kwargs}
+        guide = SiteKeys(svi.guide, plates, shared_key, shared_key)
+        tr = trace(seed(substitute(guide, data=svi.constrain_fn(params)), shared_key)).get_trace(*args, **kwargs)
+        return {name: tr[name]["value"] for name in facts.global_latents}
+
+    return draws
+
+
+def aligned_terms(svi, facts: SplitFacts, plates, treedef, scale: Optional[float], key_impl, shared_key,
+                  params, one_record):
+    """``(record_loss_of, theta, pullback)`` of one step under ``"aligned"``.
+
+    ``theta = (z, own)``: the shared draw ``z`` of the global latent
+    variables and the parameters ``own`` that a record's terms read other than
+    through ``z`` (found from the abstract trace of one record: public).
+    ``record_loss_of(shared_key)(theta, record)`` is a record's loss as under
+    ``"shared_sample"`` with the global latent variables set to ``z``: the
+    mechanism clips and noises its gradient over ``theta``.
+    ``pullback(noisy)`` maps a gradient over ``theta`` to one over all
+    parameters: ``z``'s part through the vector-Jacobian product of the draw
+    (it reads parameters and the shared key only), ``own``'s part in place,
+    zeros elsewhere. Post-processing of the release."""
+    draws = global_draws_fn(svi, facts, plates, treedef, one_record, shared_key)
+    z, vjp = jax.vjp(draws, params)
+
+    def loss_of(key_of_step):
+        def record_loss(theta, record):
+            z_, own = theta
+            return _aligned_record_loss(svi, facts, plates, treedef, scale, key_impl, key_of_step,
+                                        {**params, **own}, z_, record)
+        return record_loss
+
+    own_names = _own_parameters(svi, facts, plates, treedef, scale, key_impl, shared_key, params, z,
+                                one_record)
+    theta = (z, {name: params[name] for name in own_names})
+
+    def pullback(noisy):
+        noisy_z, noisy_own = noisy
+        (grad,) = vjp(noisy_z)
+        return {name: (g + noisy_own[name].astype(g.dtype)) if name in noisy_own else g
+                for name, g in grad.items()}
+
+    return loss_of, theta, pullback
+
+
+def _aligned_record_loss(svi, facts, plates, treedef, scale, key_impl, shared_key, params, z, record):
+    key, leaves = record
+    if key_impl is not None:
+        key = jax.random.wrap_key_data(key, impl=key_impl)
+    args, kwargs = jax.tree.unflatten(treedef, [jnp.expand_dims(x, 0) for x in leaves])
+    kwargs = {**kwargs, **svi.static_kwargs}
+    model = SiteKeys(svi.model, plates, key, shared_key)
+    guide = SiteKeys(substitute(svi.guide, data=z), plates, key, shared_key)
+    terms = site_losses(svi.loss, shared_key, svi.constrain_fn(params), model, guide, args, kwargs)
+    dtype = jnp.result_type(*jax.tree.leaves(params)) if jax.tree.leaves(params) else jnp.float32
+    loss = total(terms, [n for n in terms if n not in facts.global_sites], dtype)
+    return loss if scale is None else loss / scale
+
+
+def _own_parameters(svi, facts, plates, treedef, scale, key_impl, shared_key, params, z, one_record) -> tuple:
+    """The names of the parameters that one record's loss reads with the
+    global latent variables set to ``z`` (an abstract trace of one record's
+    shapes: public)."""
+    structs = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree)  # noqa: E731
+    record_structs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in one_record]
+    key_struct = jax.eval_shape(lambda: jax.random.PRNGKey(0)) if key_impl is None else \
+        jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=key_impl)))
+    names = sorted(params)
+
+    def loss(param_list, z_, record_key, leaves):
+        return _aligned_record_loss(svi, facts, plates, treedef, scale, key_impl, shared_key,
+                                    dict(zip(names, param_list)), z_, (record_key, leaves))
+
+    param_list = [structs(params[n]) for n in names]
+    closed = jax.make_jaxpr(loss)(param_list, structs(z), key_struct, record_structs)
+    sizes = [len(jax.tree.leaves(p)) for p in param_list]
+    used, start = [], 0
+    for name, size in zip(names, sizes):
+        leaf_vars = closed.jaxpr.invars[start:start + size]
+        start += size
+        if size and _depends_on(closed.jaxpr, leaf_vars)[0]:
+            used.append(name)
+    return tuple(used)
+
+
+class AlignedStep(NamedTuple):
+    """What a step under ``"aligned"`` needs to form its per-record losses
+    (:meth:`terms`); the mechanism's caller recognises it in place of a loss."""
+
+    svi: object
+    facts: SplitFacts
+    plates: frozenset
+    treedef: object
+    scale: Optional[float]
+    key_impl: object
+    one_record: tuple
+
+    def terms(self, params, shared_key):
+        """:func:`aligned_terms` at ``params`` with the step's shared key."""
+        return aligned_terms(self.svi, self.facts, self.plates, self.treedef, self.scale, self.key_impl,
+                             shared_key, params, self.one_record)

@@ -287,6 +287,11 @@ def update_release(stepper, data, relation):
     # subtraction above): a few float32 roundings of |old| + |new| per entry
     size = math.sqrt(sum(float(np.sum((np.abs(as64(a)) + np.abs(as64(b))) ** 2))
                          for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new))))
+    if stepper.svi.formulation == "aligned":
+        # the release is the sum over the guide's draw loc + scale * eps: the
+        # location's step is that release (its Jacobian is the identity); the
+        # scale's is the same vector times the draw's eps (post-processing)
+        step = {"auto_loc": step["auto_loc"]}
     return Release(
         public={"state": public_state(new_state), "optim_step": new_state.optim_state[0],
                 "shapes": jax.tree.map(lambda x: (np.shape(x), str(np.asarray(x).dtype)), new)},
@@ -348,12 +353,14 @@ def test_update_slow(kind, relation, base, method, jitted):
 #: ``"own_sample"`` here, in the tables above): the model's prior and guide
 #: terms (the global site ``w``) inside each record's clipped ELBO
 #: (``"per_record"``), or added once per step after the noise with one guide
-#: draw shared by the batch (``"shared_sample"``); either way the released
+#: draw shared by the batch (``"shared_sample"``), or with the records'
+#: gradients taken for that draw (``"aligned"``); either way the released
 #: sum moves by at most C (2 C substituted).
-OTHER_FORMULATIONS = ("per_record", "shared_sample")
+OTHER_FORMULATIONS = ("per_record", "shared_sample", "aligned")
 
 
-@pytest.mark.parametrize("formulation, relation", [("per_record", "substitute"), ("shared_sample", "mask")])
+@pytest.mark.parametrize("formulation, relation", [("per_record", "substitute"), ("shared_sample", "mask"),
+                                                   ("aligned", "substitute")])
 @pytest.mark.parametrize("kind", ["x_nan", "x_1e30"])
 def test_update_other_formulations(kind, relation, formulation):
     """(One compiled step each; the slow step runs every kind, relation and base.)"""
