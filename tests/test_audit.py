@@ -18,7 +18,7 @@ from scipy import optimize, stats
 
 import d3p.random
 import d3p.svi
-from d3p import accounting, audit, gradients
+from d3p import _private_step, accounting, audit, gradients
 
 # ---------------------------------------------------------------------------
 # helpers
@@ -73,7 +73,7 @@ def break_package(monkeypatch, kind: str) -> None:
 
     else:
         raise AssertionError(kind)
-    for module in (gradients, d3p.svi):
+    for module in (gradients, _private_step):   # where DPSVI's step looks them up
         monkeypatch.setattr(module, "clipped_grad_sum", new_sum)
         monkeypatch.setattr(module, "add_gaussian_noise", new_noise)
 
