@@ -410,91 +410,51 @@ def choose_strategy(
 
 
 def clipped_grad_sum(
-    loss_fn: Callable,
-    params: PyTree,
-    records: PyTree,
-    mask: Optional[jax.Array],
-    clipping_threshold: float,
-    *,
-    on_choice: Optional[Callable[[StrategyChoice], None]] = None,
-    strategy: str = "auto",
-    chunk_size: Optional[int] = None,
-    forward_mode: bool = False,
-    memory_budget_bytes: Optional[int] = None,
-    num_shards: int = 1,
-    threshold_bound: Optional[float] = None,
+    loss_fn: Callable, params: PyTree, records: PyTree, mask: Optional[jax.Array], clipping_threshold: float,
+    *, on_choice: Optional[Callable[[StrategyChoice], None]] = None, strategy: str = "auto",
+    chunk_size: Optional[int] = None, forward_mode: bool = False, memory_budget_bytes: Optional[int] = None,
+    num_shards: int = 1, threshold_bound: Optional[float] = None,
 ) -> ClippedSum:
     """Sum over records of per-record gradients, each clipped to norm ``C``.
 
+    The strategies and why the guarantees hold: :mod:`d3p.gradients`.
+
     :param loss_fn: ``loss_fn(params, record) -> scalar``, the loss of one
-        record; ``record`` is one slice of ``records`` along axis 0. It must be
-        a pure function of its arguments (as everything under ``jax.jit``).
+        record (one slice of ``records`` along axis 0); a pure function.
     :param params: the parameters to differentiate.
     :param records: pytree of per-record inputs, every leaf with leading
         dimension ``B`` (include per-record random keys here).
     :param mask: boolean ``(B,)``, True for real records, or None (all real).
-    :param clipping_threshold: ``C``: a number, or a 0-d array (traced, for a
-        ``C`` set during the run, as by adaptive clipping).
-    :param on_choice: called once per trace of this call with the
-        :class:`StrategyChoice` taken (static information only), or None.
-    :param str strategy: how per-record gradients are formed, one of
-        :data:`STRATEGIES` (described in the module documentation); all compute
-        the same clipped sum up to float rounding, but for ``"ghost"`` on
-        records with several rows per product (see below). ``"auto"`` (default) is
-        chosen by :func:`choose_strategy`; ``"ghost"`` raises ``ValueError``
-        if the loss of one record cannot be traced on its own.
+    :param clipping_threshold: ``C``: a number, or a 0-d (traced) array.
+    :param on_choice: called once per trace with the :class:`StrategyChoice`.
+    :param str strategy: one of :data:`STRATEGIES`; ``"auto"`` (default) is
+        chosen by :func:`choose_strategy`.
     :param int chunk_size: records per chunk for ``"chunked"`` and ``"ghost"``.
     :param bool forward_mode: forward-mode differentiation (not with ``"ghost"``).
-    :param int memory_budget_bytes: bytes of per-record quantities held at once
-        (``"auto"``, ``"chunked"``, ``"ghost"``); default
-        :data:`DEFAULT_MEMORY_BUDGET_BYTES`.
-    :param int num_shards: how many such partial sums (one per device, ``B``
-        slots each) make up the released sum (see :mod:`d3p._sharding`).
-    :param float threshold_bound: a public upper bound of a traced
-        ``clipping_threshold``, checked for overflow in its place (a traced
-        ``C`` cannot be checked); None: ``clipping_threshold`` is checked.
+    :param int memory_budget_bytes: bytes of per-record quantities held at
+        once; default :data:`DEFAULT_MEMORY_BUDGET_BYTES`.
+    :param int num_shards: partial sums (one per device, ``B`` slots each) in the release.
+    :param float threshold_bound: a public bound of a traced ``C``, checked
+        for overflow in its place; None: ``clipping_threshold`` is checked.
     :return: :class:`ClippedSum`.
-    :raises ValueError: naming the batch size if the sum of ``B * num_shards``
-        slots cannot be certified within the margin (more than about 65,000
-        float32 slots; fewer under ``"ghost"``, see below), or naming
-        ``clipping_threshold`` (``threshold_bound``) if ``B C`` could overflow.
+    :raises ValueError: naming the batch size if ``B * num_shards`` slots
+        cannot be certified (about 65,000 in float32, fewer under ``"ghost"``),
+        naming ``clipping_threshold`` (``threshold_bound``) if ``B C`` could
+        overflow, or if ``"ghost"`` cannot trace the loss of one record alone.
 
-    **Formal guarantees.** Relation: add/remove one record (including masking
-    it out and deleting its row, so that ``B`` changes), or substitute one.
+    **Formal guarantees.** Relation: add/remove one record (masked out, or
+    its row deleted), or substitute one.
 
-    - Every record's gradient is clipped as one vector over all parameter
-      leaves to ``C (1 - η)``: what the strategy adds to the sum for it has
-      exact L2 norm at most ``C (1 - η)``, computed from the floating-point
-      values used, for every ``C > 0``, on every backend and at its default
-      matmul precision. ``η`` (``2^-7`` for float32, ``2^-30`` for float64)
-      is a public constant: the same for every batch size, strategy and
-      number of shards, so a record's clipped contribution never depends on
-      the other records or on their number.
-    - The returned sum ``F`` is within ``E`` of the exact sum ``S`` of the
-      clipped contributions, ``E = ε_B Σ_i ‖c_i‖ + e_tiny`` with ``2 ε_B B
-      <= η`` and every record's room reduced by ``2 e_tiny``, whatever the
-      values and the order of the records (double-float summation; proof in
-      the module documentation and ``_SumBudget``). Hence the released sum
-      moves by at most ``C`` in L2 norm when one record is added, removed or
-      masked out, and by at most ``2 C`` when one is substituted, by
-      construction, not by testing.
-    - Padded records (``mask`` False) and records with a non-finite
-      gradient or bound contribute exactly zero; their values, even ``nan``,
-      never reach the sum. An all-padded batch gives an exact zero sum.
-    - The strategy changes only how the sum is computed, never these
-      guarantees. Every strategy clips a record with one row per product to
-      within about ``sqrt(n) u`` (``n`` the largest leaf size, ``u`` the unit
-      roundoff) below ``C (1 - η)``. Under ``"ghost"``, a record with several
-      rows per product is clipped by the norm of ``Σ_r |a_r| |δ_r|ᵀ`` (its
-      rows' magnitudes), which also bounds the rounding its rows cause in
-      the products that sum the batch: a record whose rows differ in sign is
-      clipped more than its exact norm requires (never less).
-    - The same record's per-record gradient can round differently in
-      programs compiled for different batch shapes or devices; the
-      guarantees above are for the values computed, and the values of two
-      such programs are not bounded against each other by this argument.
-    - ``losses`` and ``norms`` are computed from the un-noised data and are
-      NOT private.
+    - What a record adds has exact L2 norm at most ``C (1 - η)`` over all
+      leaves, for every ``C > 0``, strategy and backend; ``η`` is a public
+      constant of the dtype (``2^-7`` float32, ``2^-30`` float64).
+    - The released sum moves by at most ``C`` when a record is added,
+      removed or masked out, by at most ``2 C`` when one is substituted,
+      whatever the other records and their order.
+    - Padded records and non-finite gradients add exactly zero, never ``nan``.
+    - ``"ghost"`` clips a record with several rows per product by the norm
+      of its rows' magnitudes: never less than its gradient's norm.
+    - ``losses`` and ``norms`` are NOT private.
     """
     on_choice = _optional_callable("on_choice", on_choice)
     num_shards = _validate.integer("num_shards", num_shards, minimum=1)

@@ -10,7 +10,7 @@ probability (batch size B over data size N).
 A run is accounted for the sampler that drew its batches and the
 neighbouring relation under which its guarantee is stated; one function,
 :func:`accounting_for`, maps the pair to the privacy-loss pair that is
-composed (each row's proof or reference is in its docstring):
+composed (each row's proof or reference is in docs/privacy_accounting.md):
 
 =======================================  ==============  ==========================================
 sampler                                  relation        pair composed per step (noise multiplier σ)
@@ -298,42 +298,6 @@ def accounting_for(sampler: Optional[str] = None, relation: Optional[str] = None
     fixed-size batches (the meaning of d3p's substitute-relation functions
     such as :func:`d3p.dputil.approximate_sigma`).
 
-    **Formal guarantees** (the pairs dominate the sampled Gaussian sum
-    mechanism with clipping threshold C and noise std σC, for the relation
-    stated; Zhu, Dong & Wang 2022, "Optimal accounting of differential privacy
-    via characteristic function", give dominating pairs for Poisson and
-    without-replacement subsampling under both relations):
-
-    * Poisson, add/remove: adding or removing one record changes the sum by a
-      vector of norm ≤ C when the record is sampled (probability q) and by
-      nothing otherwise; the worst case is N(0, σ²) vs (1-q)N(0, σ²) +
-      qN(1, σ²) in units of C, in both directions (Mironov, Talwar & Zhang
-      2019; Zhu et al. 2022, Poisson subsampling).
-    * Poisson, substitute: the substituted record enters both sums with the
-      same probability q, and when it is not sampled its slot is empty, so
-      the sums differ by (x - x') with probability q; centred at the
-      midpoint, the pair (1-q)N(0)+qN(1) vs (1-q)N(0)+qN(-1) (with ‖x - x'‖
-      ≤ 2C) dominates (Zhu et al. 2022, Poisson subsampling under the
-      substitute relation).
-    * Fixed size B without replacement, substitute: the batch always holds B
-      records, so when the substituted record is not sampled its slot is
-      filled by another record, which may equal it. D: every clipped
-      contribution +C; D': record 0 at -C. Every batch of D sums to BC; a
-      batch of D' sums to (B-2)C with probability q = B/N and to BC
-      otherwise: N(0, σ²) vs (1-q)N(0, σ²) + qN(-2, σ²), i.e. the add/remove
-      pair with noise multiplier σ/2, in both directions; it dominates every
-      pair of neighbouring data sets under this sampler (Zhu et al. 2022,
-      sampling without replacement; Lebeda, Regehr, Kamath & Steinke 2024,
-      arXiv:2405.20769). The midpoint pair is optimistic here.
-    * Fixed size under add/remove is refused: the batch size or q would
-      change with N, which is not covered.
-
-    With ``noise="discrete"`` (:mod:`d3p.discrete`: integer sums of L2
-    sensitivity ``T``, noise ``σT``), each step's Rényi DP is bounded through
-    proven subsampling theorems per sampler and relation (statements and
-    references in ``d3p/_accounting/_discrete.py``), composed and converted
-    to (ε, δ); no ``accountant`` is used.
-
     :param str sampler: ``"poisson"`` or ``"fixed_size"`` (aliases
         ``"fixed"``, ``"subsample_batchify_data"``, ``"poisson_batchify_data"``).
     :param str relation: :data:`ADD_REMOVE` or :data:`SUBSTITUTE` (aliases as
@@ -341,6 +305,21 @@ def accounting_for(sampler: Optional[str] = None, relation: Optional[str] = None
     :param str noise: ``"gaussian"`` (default) or ``"discrete"``.
     :return: :class:`SamplerAccounting`.
     :raises ValueError: for unknown names or an unsupported combination.
+
+    **Formal guarantees.** The pair dominates the sampled Gaussian sum
+    mechanism (clipping threshold C, noise std σC) under the relation stated
+    (proofs and references: ``docs/privacy_accounting.md``):
+
+    * Poisson, add/remove: N(0, σ²) vs (1-q)N(0, σ²) + qN(1, σ²) in units of
+      C, both directions.
+    * Poisson, substitute: the midpoint pair (1-q)N(0, σ²) + qN(1, σ²) vs
+      (1-q)N(0, σ²) + qN(-1, σ²).
+    * Fixed size B without replacement, substitute: the add/remove pair with
+      noise multiplier σ/2, both directions (the midpoint pair is optimistic).
+    * Fixed size under add/remove is refused (B or q would change with N).
+    * ``noise="discrete"`` (:mod:`d3p.discrete`): each step's Rényi DP is
+      bounded by proven subsampling theorems (``d3p/_accounting/_discrete.py``),
+      composed and converted to (ε, δ); no ``accountant`` is used.
 
     >>> from d3p.accounting import accounting_for
     >>> accounting_for("fixed_size").noise_divisor

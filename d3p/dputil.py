@@ -344,15 +344,9 @@ def approximate_sigma(target_eps: float, delta: float, q: float, num_iter: int, 
     relation, for fixed-size batches sampled **without replacement**
     (``subsample_batchify_data``, ``DPSVI.run(sampling="fixed")``).
 
-    The pair composed is the one that dominates this sampler (see
-    :func:`d3p.accounting.accounting_for`): the add/remove subsampled
-    Gaussian with noise multiplier σ/2, because a substituted record's slot
-    is refilled by another record when it is not sampled. (The midpoint pair
-    of the Fourier accountant's "S" relation and of the d3p paper is
-    optimistic for fixed-size batches: at q = 0.01, T = 1000, δ = 1e-5 it
-    accepts σ = 0.822 for ε = 4, whose true ε is about 25; this function
-    returns σ = 1.47 there.)
-
+    The pair composed is the add/remove subsampled Gaussian with noise
+    multiplier σ/2 (:func:`d3p.accounting.accounting_for`), not the midpoint
+    pair, which is optimistic for fixed-size batches (``docs/privacy_accounting.md``).
     Poisson sampling (d3p's default) needs about half the noise for the same
     ε: use :func:`approximate_sigma_remove_relation`.
 
@@ -366,44 +360,29 @@ def approximate_sigma(target_eps: float, delta: float, q: float, num_iter: int, 
         positional argument, as in d3p 0.2.
     :param bool force_smaller: accepted for d3p 0.2 programs; the returned ε
         is always at most ``target_eps`` (``False`` does not relax that).
-    :param int maxeval: d3p 0.2's name for ``max_evals`` (if given, it is used
-        instead).
-    :param float max_time: soft limit in seconds for the search (default 60);
-        when reached, the best σ verified so far (or the RDP calibration) is
-        returned.
+    :param int maxeval: d3p 0.2's name for ``max_evals`` (used if given).
+    :param float max_time: soft limit in seconds (default 60); when reached,
+        the best σ verified so far (or the RDP calibration) is returned.
     :param int max_evals: limit on the number of accountant evaluations.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"``
         (see :mod:`d3p.accounting`).
     :param str noise: ``"gaussian"`` (default) or ``"discrete"``: calibrate for
-        ``DPSVI(noise="discrete")``, by the discrete mechanism's Rényi-DP bound
-        (``accountant`` is then not used; see :func:`d3p.accounting.accounting_for`).
+        ``DPSVI(noise="discrete")`` by its Rényi-DP bound (``accountant`` unused).
     :return: ``(sigma, eps, num_evals)``: the noise multiplier, the ε it
-        achieves at ``delta`` (by the accountant and rules of
-        :func:`d3p.accounting.compute_epsilon`), and the number of accountant
-        evaluations made (coarse-grid bounds and full evaluations; those of
-        the first call, as the result is cached per process).
+        achieves at ``delta`` (as :func:`d3p.accounting.compute_epsilon`), and
+        the accountant evaluations made (by the first call; cached per process).
 
     **Formal guarantees** (substitute relation, fixed-size sampling without
-    replacement, Gaussian noise of std σ·C on the sum of per-record
-    contributions clipped to norm C; the pair's proof is in
-    :func:`d3p.accounting.accounting_for`):
+    replacement, noise std σ·C on the sum of contributions clipped to norm C;
+    the details in ``docs/privacy_accounting.md``, "Calibration"):
 
-    * ``eps <= target_eps``, and ``eps`` is an upper bound on the true ε of
-      the returned σ with the accountant's numerical error included (see
-      :func:`d3p.accounting.compute_epsilon`): every σ returned was evaluated
-      and accepted, none is interpolated.
-    * σ is within ``tol`` (relative) of the smallest σ the accountant accepts,
-      and, with the Fourier accountant, within 0.5% of the smallest σ meeting
-      the target (checked against dp-accounting's PLD accountant in the
-      tests, called directly with a ``PoissonSampledDpEvent`` of a Gaussian
-      with noise multiplier σ/2). Where the Fourier accountant's window holds
-      no value, the RDP bound is used and σ can be larger (safe, not optimal).
-    * If the record is used with probability 1 − (1 − q)^T ≤ δ, no noise is
-      needed: returns ``(0.0, 0.0, 0)``.
-    * q = 1: exact closed form of the Gaussian mechanism (sensitivity 2C).
-    * No exception for valid inputs; bounded time (``max_time``, a grid cap
-      of 2^22 points and ``max_evals``). Invalid inputs raise ``ValueError``
-      naming the argument.
+    * ``eps <= target_eps``, an upper bound on the true ε of σ with the
+      accountant's numerical error included; no σ returned is interpolated.
+    * σ is within ``tol`` (relative) of the smallest σ the accountant accepts
+      (larger, safe, where the Fourier accountant falls back to RDP).
+    * ``(0.0, 0.0, 0)`` if the record is used with probability
+      1 − (1 − q)^T ≤ δ; q = 1: the Gaussian mechanism's exact closed form.
+    * Bounded time; invalid inputs raise ``ValueError`` naming the argument.
 
     >>> from d3p.dputil import approximate_sigma
     >>> sigma, eps, _ = approximate_sigma(1.0, 1e-5, 0.01, 2000)

@@ -81,6 +81,16 @@ than by testing:
 - the clipping factor leaves room for the rounding of applying it and for
   values flushed below the smallest normal number (``_clip_factor``), and a
   factor that would itself be below the smallest normal number is 0.
+- hence every strategy clips a record with one row per product to within
+  about ``sqrt(n) u`` (``n`` the largest leaf size, ``u`` the unit roundoff)
+  below ``C (1 - η)``, on every backend and at its default matmul precision;
+  under ``"ghost"``, the norm of ``Σ_r |a_r| |δ_r|ᵀ`` by which a record with
+  several rows per product is clipped also bounds the rounding its rows cause
+  in the products that sum the batch: a record whose rows differ in sign is
+  clipped more than its exact norm requires (never less);
+- padded records (``mask`` False) and records with a non-finite gradient or
+  bound contribute exactly zero: their values, even ``nan``, never reach the
+  sum, and an all-padded batch gives an exact zero sum.
 
 Why the released sum moves by at most ``C`` when one record is added or
 removed, whatever the order of the records and whatever the others are:
@@ -124,6 +134,12 @@ removed, whatever the order of the records and whatever the others are:
   ``2 ε_B B <= η``; every record's room is further reduced by ``2 e_tiny``.
   Then for neighbouring data sets ``D, D'`` (one record ``c_0`` more in
   ``D``): ``‖F(D) - F(D')‖ <= ‖c_0‖ + E(D) + E(D') <= C``.
+
+These guarantees are for the values computed. The same record's per-record
+gradient can round differently in programs compiled for different batch
+shapes or devices, and the values of two such programs are not bounded
+against each other by this argument: masking a record out keeps the shapes
+and is covered fully (``docs/privacy.md``).
 """
 import jax
 import jax.numpy as jnp
