@@ -5,6 +5,9 @@ steps, the result) and its machinery (batch gathering, the compiled chunked
 is :mod:`d3p._run_plan`."""
 
 import functools
+import logging
+import math
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -40,30 +43,45 @@ def _batch_gatherer(sampler, rng_suite, treedef):
     return gather
 
 
-def _compiled_chunks(update, gather, expected_batch_size, forward_mode):
-    """``run_chunk(svi_state, batch_key, start, data, length) -> (svi_state, losses, ok)``:
-    ``length`` steps of ``update`` from step ``start`` on, in one jitted
-    ``lax.scan`` (one compilation per ``length`` and data shapes; the keys and
-    the data are arguments, so the compiled program serves every run); ``ok``:
-    whether every batch was drawn (see :func:`_batch_gatherer`)."""
+def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_params):
+    """``run_chunk(svi_state, average, batch_key, start, average_from, data, length)
+    -> (svi_state, average, losses, ok)``: ``length`` steps of ``update`` from
+    step ``start`` on, in one jitted ``lax.scan`` (one compilation per
+    ``length`` and data shapes; the keys, the data and ``average_from`` are
+    arguments, so the compiled program serves every run); ``average``:
+    ``(mean, count)``, the running mean of the optimizer's parameters after
+    each step ``>= average_from`` and their number (:func:`_averaged`);
+    ``ok``: whether every batch was drawn (see :func:`_batch_gatherer`)."""
 
-    def body_fn(carry, batch_key, i, data):
-        svi_state, ok = carry
+    def body_fn(carry, batch_key, i, average_from, data):
+        svi_state, average, ok = carry
         a, k, mask, batch_ok = gather(batch_key, data, i)
         svi_state, loss = update(
             svi_state, *a, mask=mask, expected_batch_size=expected_batch_size,
             forward_mode_differentiation=forward_mode, **k,
         )
-        return (svi_state, ok & batch_ok), loss
+        average = _averaged(average, get_params(svi_state.optim_state), i >= average_from)
+        return (svi_state, average, ok & batch_ok), loss
 
-    @functools.partial(jax.jit, static_argnums=4)
-    def run_chunk(svi_state, batch_key, start, data, length):
+    @functools.partial(jax.jit, static_argnums=6)
+    def run_chunk(svi_state, average, batch_key, start, average_from, data, length):
         steps = start + jnp.arange(length, dtype=jnp.uint32)
-        (svi_state, ok), losses = lax.scan(
-            lambda c, i: body_fn(c, batch_key, i, data), (svi_state, jnp.bool_(True)), steps)
-        return svi_state, losses, ok
+        (svi_state, average, ok), losses = lax.scan(
+            lambda c, i: body_fn(c, batch_key, i, average_from, data), (svi_state, average, jnp.bool_(True)),
+            steps)
+        return svi_state, average, losses, ok
 
     return run_chunk
+
+
+def _averaged(average, params, include):
+    """``(mean, count)`` with ``params`` added to the running mean if ``include``
+    (iterate averaging: post-processing of the released parameters)."""
+    mean, count = average
+    count = count + include.astype(count.dtype)
+    weight = jnp.where(include, 1.0 / jnp.maximum(count, 1), 0.0)
+    mean = jax.tree.map(lambda m, p: m + (p - m) * weight.astype(m.dtype), mean, params)
+    return mean, count
 
 
 class _RunCache:
@@ -82,7 +100,8 @@ class _RunCache:
         if key not in self._chunks:
             gather = _batch_gatherer(sampler, rng_suite, treedef)
             self._chunks[key] = (
-                gather, _compiled_chunks(update, gather, sampler.expected_batch_size, forward_mode))
+                gather, _compiled_chunks(update, gather, sampler.expected_batch_size, forward_mode,
+                                         update.__self__.optim.get_params))
         return self._chunks[key]
 
 
@@ -94,21 +113,22 @@ def _require_batches(ok, sampler, values):
     return minibatch._require(ok, values, minibatch._failure_message(repr(sampler)))
 
 
-def _run_with_progress_bar(run_chunk, svi_state, records, num_steps, plan, start=0):
+def _run_with_progress_bar(run_chunk, svi_state, average, records, num_steps, plan, start=0):
     """All steps of :meth:`DPSVI.run` with a tqdm bar showing the loss and ε.
 
     Steps run in compiled chunks of about 5% of the run (``lax.scan``, as
     without the bar; at most two chunk lengths are compiled), the bar
     advancing after each: one Python dispatch per step would cost more than a
     small model's step. Step ``i`` of the run has index ``start + i`` in the
-    stream of batch keys.
+    stream of batch keys. ``run_chunk(svi_state, average, start, data, length)``.
     """
     chunk = min(max(-(-num_steps // 20), 1), _MAX_BAR_CHUNK)
     losses, done = [], 0
     with tqdm.tqdm(total=num_steps) as bar:
         while done < num_steps:
             length = min(chunk, num_steps - done)
-            svi_state, chunk_losses = run_chunk(svi_state, jnp.uint32(start + done), records, length)
+            svi_state, average, chunk_losses = run_chunk(svi_state, average, jnp.uint32(start + done), records,
+                                                         length)
             losses.append(chunk_losses)
             done += length
             recent = np.asarray(jax.device_get(chunk_losses))
@@ -119,7 +139,7 @@ def _run_with_progress_bar(run_chunk, svi_state, records, num_steps, plan, start
                 refresh=False,
             )
             bar.update(length)
-    return svi_state, jnp.concatenate(losses)
+    return svi_state, average, jnp.concatenate(losses)
 
 
 #: Most steps run between two updates of ``run``'s progress bar.
@@ -131,11 +151,12 @@ _MAX_BAR_CHUNK = 1000
 
 def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_batch_size, target_delta,
         accountant, relation, progress_bar, stable_update, forward_mode, init_state, init_params, init_data,
-        epsilon, delta, ledger, start_step):
+        epsilon, delta, ledger, start_step, average=0.0):
     """:meth:`DPSVI.run` of ``svi``, its arguments validated and resolved:
     the plan (sampler, accounting, σ), the ledger's check, then the steps at
     the plan's σ, which :func:`_run_steps` takes."""
     num_steps = _validate.integer("num_steps", num_steps, minimum=1)
+    average = _validate_average(average)
     records, treedef, N = _records(args, kwargs, what="data")
     if delta is not None:
         if target_delta is not None:
@@ -150,6 +171,8 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         raise TypeError(f"Expected ledger to be a d3p.ledger.PrivacyLedger, got {type(ledger).__name__}.")
     plan = _run_plan.run_plan(svi, N, num_steps, batch_size, q, sampling, max_batch_size, target_delta,
                               accountant, relation, epsilon)
+    if batch_size is None and q is None:   # say what was chosen (from N alone)
+        _say(_run_plan.describe_choice(plan.sampler), progress_bar)
     given = svi.dp_scale
     svi.dp_scale = plan.sigma   # for this run's steps (the compiled steps are kept per σ); restored below
     try:
@@ -172,19 +195,47 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         svi_state = _initial_state(svi, init_state, checkpoint, init_key, batch, treedef, init_params, init_data)
         svi_state = _checked_initial_state(svi, svi_state, treedef, records, N)
 
-        def run_steps(svi_state, start, data, length):
-            svi_state, losses, ok = run_chunk(svi_state, batch_key, start, data, length)
-            return _require_batches(ok, plan.sampler, (svi_state, losses))
+        average_from = jnp.uint32(start_step + _averaging_start(average, num_steps))
 
+        def run_steps(svi_state, average, start, data, length):
+            svi_state, average, losses, ok = run_chunk(svi_state, average, batch_key, start, average_from, data,
+                                                       length)
+            return _require_batches(ok, plan.sampler, (svi_state, average, losses))
+
+        mean = (svi.optim.get_params(svi_state.optim_state), jnp.zeros((), jnp.int32))
         if progress_bar:
-            svi_state, losses = _run_with_progress_bar(run_steps, svi_state, records, num_steps, plan, start_step)
+            svi_state, mean, losses = _run_with_progress_bar(run_steps, svi_state, mean, records, num_steps, plan,
+                                                             start_step)
         else:
-            svi_state, losses = run_steps(svi_state, jnp.uint32(start_step), records, num_steps)
+            svi_state, mean, losses = run_steps(svi_state, mean, jnp.uint32(start_step), records, num_steps)
         if ledger is not None:
             ledger.record(release)
-        return _run_plan.run_result(svi, svi_state, losses, plan, N, num_steps, start_step)
+        params = svi.constrain_fn(mean[0]) if average else None
+        return _run_plan.run_result(svi, svi_state, losses, plan, N, num_steps, start_step, params=params,
+                                    averaged_steps=int(mean[1]) if average else 0)
     finally:
         svi.dp_scale = given
+
+
+def _say(message: str, progress_bar: bool) -> None:
+    """``message`` to d3p's logger, and on the terminal beside the progress bar."""
+    logging.getLogger("d3p").info(message)
+    if progress_bar:
+        tqdm.tqdm.write(message, file=sys.stderr)
+
+
+def _validate_average(average) -> float:
+    """``average`` as a float in [0, 1), the share of the run's last steps averaged."""
+    if isinstance(average, bool) or not isinstance(average, (int, float)) or not 0 <= average < 1:
+        raise ValueError(f"Expected average to be a number in [0, 1) (the share of the last steps whose "
+                         f"parameters are averaged; 0: none), got average={average!r}.")
+    return float(average)
+
+
+def _averaging_start(average: float, num_steps: int) -> int:
+    """The index, within a run of ``num_steps``, of the first step averaged:
+    the last ``ceil(average * num_steps)`` steps (none for 0)."""
+    return num_steps - math.ceil(average * num_steps) if average else num_steps
 
 
 def _run_layout(svi):

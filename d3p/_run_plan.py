@@ -36,6 +36,43 @@ class RunPlan(NamedTuple):
     sigma: float = None
 
 
+#: The largest (expected) batch :meth:`DPSVI.run` chooses by itself (:func:`automatic_q`).
+AUTOMATIC_MAX_BATCH_SIZE = 4096
+
+#: The most probability that one automatic Poisson batch of the add/remove
+#: neighbour (``N + 1`` records) overflows the padded size ``N`` (it adds to δ).
+AUTOMATIC_OVERFLOW = 1e-12
+
+
+def automatic_q(N: int, sampling: str = "poisson") -> float:
+    """The sampling probability :meth:`DPSVI.run` uses when given neither
+    ``batch_size`` nor ``q``: as much of the data set as a step can take, as
+    :meth:`numpyro.infer.SVI.run` uses all the data it is given, up to an
+    expected :data:`AUTOMATIC_MAX_BATCH_SIZE` records. Fixed-size batches: the
+    whole data set (``q = 1``) up to that size. Poisson batches are padded to
+    at most ``N`` slots, and the add/remove neighbour has ``N + 1`` records:
+    ``q`` is at most the value at which all ``N + 1`` are drawn with
+    probability :data:`AUTOMATIC_OVERFLOW`, ``AUTOMATIC_OVERFLOW ** (1 / (N + 1))``
+    (0.94 at N = 455, 0.9986 at N = 20,000). A public fact of ``N``.
+
+    Why large batches: at a fixed ε and number of steps, the noise of a step
+    relative to the batch's clipped sum barely depends on ``q`` once σ is
+    large (σ grows in proportion to ``q``), so the largest affordable batch
+    loses nothing to the noise and removes the sampling noise
+    (benchmarks/README.md, "Accuracy at the defaults")."""
+    q = min(1.0, AUTOMATIC_MAX_BATCH_SIZE / N)
+    if sampling == "poisson":
+        q = min(q, AUTOMATIC_OVERFLOW ** (1.0 / (N + 1)))
+    return q
+
+
+def describe_choice(sampler) -> str:
+    """What :meth:`DPSVI.run` chose without ``batch_size`` or ``q``, in words."""
+    return (f"d3p: no batch_size or q given: {sampler.name.replace('_', '-')} batches of "
+            f"{'expected ' if sampler.name == 'poisson' else ''}size {sampler.expected_batch_size:.6g} "
+            f"(q = {sampler.q:.4g}) from {sampler.num_records} records at every step, accounted as such")
+
+
 def _sampler(N, batch_size, q, sampling, max_batch_size):
     """The sampler of :meth:`DPSVI.run`'s arguments."""
     from d3p import minibatch
@@ -44,11 +81,13 @@ def _sampler(N, batch_size, q, sampling, max_batch_size):
         raise ValueError("Expected a non-empty data set, got 0 records.")
     if not (isinstance(sampling, str) and sampling in SAMPLINGS):  # exactly, as the docs spell them
         raise ValueError(f"Expected sampling to be one of 'poisson', 'fixed', got sampling={sampling!r}.")
-    if (batch_size is None) == (q is None):
+    if batch_size is not None and q is not None:
         raise ValueError(
-            f"Expected exactly one of batch_size and q for sampling={sampling!r}, got "
-            f"batch_size={batch_size}, q={q}. (For full-batch training pass batch_size=N.)"
+            f"Expected at most one of batch_size and q for sampling={sampling!r}, got "
+            f"batch_size={batch_size}, q={q}."
         )
+    if batch_size is None and q is None:
+        q = automatic_q(N, sampling)
     if sampling == "fixed":
         if batch_size is None:
             batch_size = minibatch.q_to_batch_size(q, N)
@@ -120,8 +159,11 @@ def release(svi, plan, N: int, num_steps: int, start_step: int, fingerprint) -> 
                          str(acc.sampler), str(acc.relation), acc.noise, eta, start_step, fingerprint)
 
 
-def run_result(svi, svi_state, losses, plan, N, num_steps, start_step=0) -> DPSVIRunResult:
-    """:meth:`DPSVI.run`'s result: the final state with the privacy spent by its steps."""
+def run_result(svi, svi_state, losses, plan, N, num_steps, start_step=0, params=None,
+               averaged_steps=0) -> DPSVIRunResult:
+    """:meth:`DPSVI.run`'s result: the final state with the privacy spent by
+    its steps; ``params``: the averaged parameters (default: the final
+    state's)."""
     sampler, acc = plan.sampler, plan.accounting
     epsilon = plan.tracker.epsilon(num_steps)
     # a Poisson batch larger than max_batch_size is truncated: that event's
@@ -129,10 +171,10 @@ def run_result(svi, svi_state, losses, plan, N, num_steps, start_step=0) -> DPSV
     delta = min(1.0, plan.target_delta + acc.overflow_delta(
         N, sampler.q, sampler.max_batch_size, num_steps, epsilon))
     return DPSVIRunResult(
-        svi.get_params(svi_state), svi_state, losses, epsilon=epsilon, delta=delta,
+        svi.get_params(svi_state) if params is None else params, svi_state, losses, epsilon=epsilon, delta=delta,
         relation=acc.relation, sampler=acc.sampler,
         sigma=accounted_sigma(svi, plan.sigma, sampler.expected_batch_size), q=sampler.q,
-        num_steps=num_steps, start_step=start_step,
+        num_steps=num_steps, start_step=start_step, averaged_steps=averaged_steps,
     )
 
 

@@ -72,7 +72,8 @@ _PRIVACY_FIELD = functools.partial(dataclasses.field, default=None, kw_only=True
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["params", "state", "losses"],
-    meta_fields=["epsilon", "delta", "relation", "sampler", "sigma", "q", "num_steps", "start_step"],
+    meta_fields=["epsilon", "delta", "relation", "sampler", "sigma", "q", "num_steps", "start_step",
+                 "averaged_steps"],
 )
 @dataclasses.dataclass(eq=False)
 class DPSVIRunResult:
@@ -87,7 +88,10 @@ class DPSVIRunResult:
     not an instance of ``SVIRunResult`` (a ``NamedTuple`` cannot hold further
     fields without changing its length).
 
-    - **params** - the constrained parameters (:meth:`DPSVI.get_params` of ``state``).
+    - **params** - the constrained parameters: :meth:`DPSVI.get_params` of
+      ``state``, or with ``run(average=...)`` the mean of the unconstrained
+      parameters over the run's last ``averaged_steps`` steps, constrained
+      (post-processing: as private as the steps it averages).
     - **state** - the final :class:`DPSVIState`.
     - **losses** - the loss of every step; NOT private.
     - **epsilon** - ε of the run at ``delta``, for its sampler and relation.
@@ -105,6 +109,8 @@ class DPSVIRunResult:
     - **start_step** - the index of the run's first step in the stream of
       batch keys (see ``run``'s ``start_step``); ``start_step + num_steps`` is
       where a continued run starts.
+    - **averaged_steps** - the number of steps whose parameters ``params``
+      averages (0: ``params`` are the final state's).
     """
 
     params: Any
@@ -118,6 +124,7 @@ class DPSVIRunResult:
     q: Optional[float] = _PRIVACY_FIELD()
     num_steps: Optional[int] = _PRIVACY_FIELD()
     start_step: Optional[int] = _PRIVACY_FIELD()
+    averaged_steps: Optional[int] = _PRIVACY_FIELD()
 
     def _triple(self) -> tuple:
         return (self.params, self.state, self.losses)

@@ -466,33 +466,28 @@ class DPSVI(SVI):
             stable_update: bool = False, forward_mode_differentiation: bool = False,
             init_state: Optional[DPSVIState] = None, init_params: Optional[dict] = None,
             init_data=None, epsilon: Optional[float] = None, delta: Optional[float] = None,
-            ledger: Optional[PrivacyLedger] = None, start_step: Optional[int] = None,
+            ledger: Optional[PrivacyLedger] = None, start_step: Optional[int] = None, average: float = 0.0,
             **kwargs) -> DPSVIRunResult:
         """Run ``num_steps`` DP-VI steps, each on a fresh random batch of the data.
 
-        Unlike :meth:`numpyro.infer.SVI.run`, which uses the data it is given
-        at every step, this draws a new minibatch from the full data for every
-        step, with the sampler the privacy accounting assumes:
-        ``sampling="poisson"`` (default; :class:`d3p.minibatch.PoissonSampler`,
-        padded with a mask; relation add/remove by default, or substitute) or
-        ``sampling="fixed"`` (:class:`d3p.minibatch.FixedSizeSampler`; relation
-        substitute, which needs about twice the noise for the same ε; see
-        docs/privacy.md). The noisy sum is normalised by the sampler's public
-        expected batch size. The ε spent, for the sampler actually used
-        (:func:`d3p.accounting.accounting_for`), is shown in the progress bar
-        and attached to the result.
-
-        From public facts only: a ``ValueError`` if the model's subsampling
-        plate declares an ``N`` other than the number of rows given; a
-        ``UserWarning`` if ``dp_scale`` is at least the expected batch size
-        (the noise would then drown the averaged gradient), and if
-        ``target_delta >= 1 / N``.
+        Each step's batch is drawn from the full data by the sampler the
+        accounting assumes: ``sampling="poisson"`` (default;
+        :class:`d3p.minibatch.PoissonSampler`, add/remove or substitute) or
+        ``"fixed"`` (:class:`d3p.minibatch.FixedSizeSampler`, substitute, about
+        twice the noise for the same ε; docs/privacy.md). The ε spent for that
+        sampler (:func:`d3p.accounting.accounting_for`) is shown in the
+        progress bar and attached to the result. From public facts only: a
+        ``ValueError`` if the model's plate declares an ``N`` other than the
+        rows given; a ``UserWarning`` if the noise will dominate the fit
+        (:func:`d3p._private_step.warn_if_all_noise`) or ``target_delta >= 1 / N``.
 
         :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey()``).
         :param int num_steps: number of steps, ``>= 1``.
         :param args: the FULL data set: arrays with one row per record (``N`` rows).
         :param int batch_size: B: the batch size (fixed sampling) or the
-            expected batch size (Poisson sampling, ``q = B / N``); or give ``q``.
+            expected batch size (Poisson sampling, ``q = B / N``); or give ``q``;
+            or neither: nearly all the data (up to 4,096) at every step,
+            printed and accounted (:func:`d3p._run_plan.automatic_q`).
         :param float q: sampling probability; ``batch_size = round(q N)`` for fixed
             sampling.
         :param str sampling: ``"poisson"`` (default) or ``"fixed"``.
@@ -540,14 +535,18 @@ class DPSVI(SVI):
         :param init_data: optional public records to initialise on, as for
             :meth:`init`; by default the run initialises on ones shaped like
             one batch (never on the data).
+        :param float average: the share in [0, 1) of the last steps whose
+            parameters are averaged into the result's ``params``
+            (post-processing); 0: the final ones. ``state`` is the final one.
         :param kwargs: per-record keyword data (``N`` rows each).
         :return: :class:`DPSVIRunResult` ``(params, state, losses)`` with the
             fields ``epsilon``, ``delta``, ``relation``, ``sampler``, ``sigma``,
-            ``q``, ``num_steps`` and ``start_step``. The losses are NOT private.
+            ``q``, ``num_steps``, ``start_step``, ``averaged_steps``. The losses
+            are NOT private.
         """
         return _run.run(
             self, rng_key, num_steps, args, kwargs, batch_size=batch_size, q=q, sampling=sampling,
             max_batch_size=max_batch_size, target_delta=target_delta, accountant=accountant, relation=relation,
             progress_bar=progress_bar, stable_update=stable_update, forward_mode=forward_mode_differentiation,
             init_state=init_state, init_params=init_params, init_data=init_data, epsilon=epsilon, delta=delta,
-            ledger=ledger, start_step=start_step)
+            ledger=ledger, start_step=start_step, average=average)

@@ -17,7 +17,8 @@ from d3p import accounting
 from d3p.svi import DPSVI, DPSVIRunResult, DPSVIState
 
 N, T = 40, 6
-PRIVACY_FIELDS = ["epsilon", "delta", "relation", "sampler", "sigma", "q", "num_steps", "start_step"]
+PRIVACY_FIELDS = ["epsilon", "delta", "relation", "sampler", "sigma", "q", "num_steps", "start_step",
+                  "averaged_steps"]
 
 
 def model(xs, N):

@@ -1,0 +1,121 @@
+"""What DPSVI.run chooses by itself and what it adds after the steps.
+
+- Without ``batch_size`` or ``q`` the run takes nearly all of the data at every
+  step (:func:`d3p._run_plan.automatic_q`): a deterministic function of the
+  public ``N`` (and the sampler), said on the terminal and accounted.
+- ``average``: the result's parameters are the mean of the unconstrained
+  parameters after each of the run's last steps (post-processing of
+  releases the run made anyway: the state, the ε and the ledger are those of
+  the run without averaging).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import Trace_ELBO
+from numpyro.infer.autoguide import AutoDiagonalNormal
+
+import d3p.random
+from d3p import _run_plan, accounting
+from d3p.svi import DPSVI
+
+N, T = 40, 8
+XS = jnp.linspace(0.0, 1.0, N)
+
+
+def model(xs, N):
+    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
+
+
+@pytest.fixture(scope="module")
+def svi():
+    return DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
+                 clipping_threshold=1.0, dp_scale=2.0, N=N)
+
+
+@pytest.mark.parametrize("num_records, sampling, expected", [
+    (40, "poisson", 1e-12 ** (1 / 41)),            # all of the data but the neighbour's overflow
+    (455, "poisson", 1e-12 ** (1 / 456)),          # the README's data: 0.941
+    (20_000, "poisson", 4096 / 20_000),            # capped at an expected 4,096 records
+    (40, "fixed", 1.0),                            # fixed size: the whole data set
+    (10_000, "fixed", 4096 / 10_000),
+])
+def test_automatic_q_is_a_function_of_public_facts(num_records, sampling, expected):
+    assert _run_plan.automatic_q(num_records, sampling) == pytest.approx(expected, rel=1e-12)
+    # the add/remove neighbour's batch (N + 1 records) overflows the padding with probability <= 1e-12
+    q = _run_plan.automatic_q(num_records, sampling)
+    if sampling == "poisson" and q < 4096 / num_records:
+        assert q ** (num_records + 1) <= 1e-12 * (1 + 1e-9)
+
+
+def test_run_without_a_batch_size_says_and_accounts_what_it_chose(svi, capsys):
+    result = svi.run(d3p.random.PRNGKey(0), T, XS, target_delta=1e-4)
+    q = _run_plan.automatic_q(N)
+    err = capsys.readouterr().err
+    assert f"(q = {q:.4g}) from {N} records" in err and "no batch_size or q given" in err
+    assert result.q == pytest.approx(q)
+    assert (result.sampler, result.relation) == ("poisson", "add_remove")
+    expected = accounting.compute_epsilon(2.0, q, T, 1e-4, sampler="poisson")
+    assert result.epsilon == pytest.approx(expected, rel=1e-9)
+    # the same as asking for that q explicitly, bit for bit
+    explicit = svi.run(d3p.random.PRNGKey(0), T, XS, q=q, target_delta=1e-4, progress_bar=False)
+    np.testing.assert_array_equal(result.params["auto_loc"], explicit.params["auto_loc"])
+
+
+def test_fixed_size_without_a_batch_size_takes_the_whole_data(svi):
+    result = svi.run(d3p.random.PRNGKey(0), 2, XS, sampling="fixed", target_delta=1e-4, progress_bar=False)
+    assert result.q == 1.0 and result.sampler == "fixed_size"
+
+
+def test_batch_size_and_q_together_are_refused(svi):
+    with pytest.raises(ValueError, match="at most one of batch_size and q"):
+        svi.run(d3p.random.PRNGKey(0), 2, XS, batch_size=8, q=0.2, progress_bar=False)
+
+
+def _unconstrained(svi, state):
+    return svi.optim.get_params(state.optim_state)
+
+
+def test_average_is_the_mean_of_the_last_steps_parameters(svi):
+    """average=0.5 over 8 steps: the mean of the parameters after steps 5..8,
+    computed here from the same run continued one step at a time."""
+    key = d3p.random.PRNGKey(1)
+    run = lambda steps, **kw: svi.run(key, steps, XS, batch_size=8, target_delta=1e-4,  # noqa: E731
+                                      progress_bar=False, **kw)
+    averaged = run(T, average=0.5)
+    plain = run(T)
+    assert averaged.averaged_steps == 4 and plain.averaged_steps == 0
+    # the state, the losses and the privacy are the run's without averaging
+    for a, b in zip(jax.tree.leaves(averaged.state), jax.tree.leaves(plain.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert (averaged.epsilon, averaged.delta, averaged.sigma) == (plain.epsilon, plain.delta, plain.sigma)
+    state, iterates = run(4).state, []
+    for step in range(4, T):
+        state = run(1, init_state=state, start_step=step).state
+        iterates.append(_unconstrained(svi, state))
+    mean = jax.tree.map(lambda *xs: np.mean(np.stack(xs), axis=0), *iterates)
+    expected = svi.constrain_fn(mean)
+    for name in expected:
+        np.testing.assert_allclose(averaged.params[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert not np.allclose(averaged.params["auto_loc"], plain.params["auto_loc"])
+
+
+def test_average_with_the_progress_bar_is_the_same(svi):
+    key = d3p.random.PRNGKey(2)
+    a = svi.run(key, T, XS, batch_size=8, target_delta=1e-4, progress_bar=True, average=0.3)
+    b = svi.run(key, T, XS, batch_size=8, target_delta=1e-4, progress_bar=False, average=0.3)
+    assert a.averaged_steps == b.averaged_steps == math.ceil(0.3 * T)
+    np.testing.assert_array_equal(a.params["auto_loc"], b.params["auto_loc"])
+
+
+@pytest.mark.parametrize("value", [1.0, -0.1, "half", True])
+def test_average_is_validated(svi, value):
+    with pytest.raises(ValueError, match="average"):
+        svi.run(d3p.random.PRNGKey(0), 2, XS, batch_size=8, progress_bar=False, average=value)
