@@ -51,8 +51,11 @@ __all__ = [
     "next_threshold",
 ]
 
-#: The default count noise: the expected batch size over this (Andrew et al. 2021).
-COUNT_NOISE_DIVISOR = 20.0
+#: The count's default share of the step's privacy: with ``count_noise`` not
+#: given, ``(2 σ_b)^-2 = COUNT_SHARE · σ_eff^-2`` (a tenth of the step's
+#: Gaussian "precision"; the gradient's noise is ``1 / sqrt(0.9)``, 5.4 %,
+#: above what the same ε gives without adaptive clipping).
+COUNT_SHARE = 0.1
 #: The default bounds of ``C``: the initial threshold divided and multiplied by this.
 BOUND_FACTOR = 1000.0
 
@@ -117,8 +120,10 @@ class AdaptiveClipping(NamedTuple):
       paper's choice; without noise ``C`` changes by at most a factor
       ``e^{η max(γ, 1 - γ)}`` per step).
     - **count_noise** - ``σ_b >= 0``, the standard deviation of the count's
-      noise; default None: the expected batch size over 20 (the paper's
-      choice), ``B / 20`` in :meth:`d3p.svi.DPSVI.update`.
+      noise; default None: the count takes :data:`COUNT_SHARE` (a tenth) of
+      each step's privacy, ``σ_b = σ sqrt((1 - f) / f) / 2 = 1.5 σ`` for the
+      gradient's noise multiplier ``σ`` (so any σ or ε that fixed clipping
+      accepts works; the paper's ``B / 20`` is refused where ``2 σ_b <= σ_eff``).
     - **min_threshold**, **max_threshold** - public bounds of ``C``; default
       None: the initial threshold divided and multiplied by 1000. The
       overflow check of the sum uses ``max_threshold``.
@@ -146,15 +151,24 @@ class AdaptiveClipping(NamedTuple):
     #: :func:`gradient_sigma`, as a static method.
     gradient_sigma = staticmethod(gradient_sigma)
 
-    def count_std(self, expected_batch_size) -> float:
-        """``σ_b``: ``count_noise``, or the public ``expected_batch_size`` over 20."""
+    def count_std(self, sigma: float) -> float:
+        """``σ_b``: ``count_noise``, or the :data:`COUNT_SHARE` default for the
+        gradient's noise multiplier ``sigma`` (0 for 0: no privacy)."""
         if self.count_noise is not None:
             return self.count_noise
-        if isinstance(expected_batch_size, jax.core.Tracer):
-            raise ValueError("Expected a concrete expected_batch_size with adaptive clipping's default "
-                             "count_noise (expected batch size / 20), got a traced one: give count_noise to "
-                             "AdaptiveClipping.")
-        return float(expected_batch_size) / COUNT_NOISE_DIVISOR
+        return float(sigma) * math.sqrt((1.0 - COUNT_SHARE) / COUNT_SHARE) / 2.0
+
+    def split(self, sigma_eff: float) -> float:
+        """The gradient's noise multiplier for a calibrated ``σ_eff`` of
+        gradient and count together (:func:`gradient_sigma`; with the default
+        count noise ``σ_eff / sqrt(1 - COUNT_SHARE)``, never refused)."""
+        if self.count_noise is not None:
+            return gradient_sigma(sigma_eff, self.count_noise)
+        sigma_eff = _validate.non_negative("sigma", sigma_eff)
+        sigma = sigma_eff / math.sqrt(1.0 - COUNT_SHARE)
+        while sigma_eff and effective_sigma(sigma, self.count_std(sigma)) < sigma_eff:   # rounding
+            sigma = math.nextafter(sigma, math.inf)
+        return sigma
 
 
 def resolve(value, clipping_threshold: float, *, noise: str = "gaussian", mesh=None) -> Optional[AdaptiveClipping]:

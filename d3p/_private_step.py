@@ -151,7 +151,7 @@ def next_threshold(svi, svi_state, result, mask, C, expected_batch_size, count_k
     settings = svi.adaptive_clipping
     if settings is None:
         return svi_state.clipping_threshold
-    fraction = _adaptive.noisy_fraction(result.norms, mask, C, settings.count_std(expected_batch_size),
+    fraction = _adaptive.noisy_fraction(result.norms, mask, C, settings.count_std(noise_multiplier(svi)),
                                         expected_batch_size, count_key, svi.rng_suite)
     return _adaptive.next_threshold(C, fraction, settings)
 

@@ -110,7 +110,7 @@ def run_plan(svi, N, num_steps, batch_size, q, sampling, max_batch_size, target_
     target_delta = _validate.open_unit("delta" if epsilon is not None else "target_delta", target_delta)
     _validate.warn_if_large_delta("target_delta", target_delta, N, stacklevel=5)
     sigma, target_delta = run_sigma(svi, epsilon, acc, sampler, num_steps, target_delta, accountant)
-    tracker = acc.tracker(accounted_sigma(svi, sigma, sampler.expected_batch_size), sampler.q, target_delta,
+    tracker = acc.tracker(accounted_sigma(svi, sigma), sampler.q, target_delta,
                           num_steps=num_steps, accountant=accountant)
     # public facts only: σ, C, the expected batch size, N and δ
     _private_step.warn_if_all_noise(svi, sampler.expected_batch_size, stacklevel=5, sigma=sigma)
@@ -142,8 +142,7 @@ def run_sigma(svi, epsilon, acc, sampler, num_steps, delta, accountant):
     sigma, _, _ = dputil.calibrate_sigma(epsilon, delta_run, sampler.q, num_steps, sampler=acc.sampler,
                                          relation=acc.relation, noise=acc.noise, accountant=accountant)
     if svi.adaptive_clipping is not None:   # σ is σ_eff of gradient and count: the gradient's share
-        return _adaptive.gradient_sigma(float(sigma), svi.adaptive_clipping.count_std(
-            sampler.expected_batch_size)), delta_run
+        return svi.adaptive_clipping.split(float(sigma)), delta_run
     return float(sigma), delta_run
 
 
@@ -154,7 +153,7 @@ def release(svi, plan, N: int, num_steps: int, start_step: int, fingerprint) -> 
     eta = 0.0
     if acc.sampler == "poisson":
         eta = min(1.0, num_steps * _sampling.overflow_probability(N + 1, sampler.q, sampler.max_batch_size))
-    sigma = accounted_sigma(svi, plan.sigma, sampler.expected_batch_size)
+    sigma = accounted_sigma(svi, plan.sigma)
     return GaussianSteps(f"DPSVI.run: {num_steps} steps", sigma, float(sampler.q), num_steps,
                          str(acc.sampler), str(acc.relation), acc.noise, eta, start_step, fingerprint)
 
@@ -173,7 +172,7 @@ def run_result(svi, svi_state, losses, plan, N, num_steps, start_step=0, params=
     return DPSVIRunResult(
         svi.get_params(svi_state) if params is None else params, svi_state, losses, epsilon=epsilon, delta=delta,
         relation=acc.relation, sampler=acc.sampler,
-        sigma=accounted_sigma(svi, plan.sigma, sampler.expected_batch_size), q=sampler.q,
+        sigma=accounted_sigma(svi, plan.sigma), q=sampler.q,
         num_steps=num_steps, start_step=start_step, averaged_steps=averaged_steps,
     )
 
@@ -181,20 +180,15 @@ def run_result(svi, svi_state, losses, plan, N, num_steps, start_step=0, params=
 # ---------------------------------------------------------------- accounting
 
 
-def accounted_sigma(svi, sigma: float, expected_batch_size: Optional[float] = None) -> float:
+def accounted_sigma(svi, sigma: float) -> float:
     """The noise multiplier that steps with gradient noise multiplier
     ``sigma`` are accounted with: ``sigma``, or with adaptive clipping
     ``σ_eff`` of the gradient sum and the count together
-    (:meth:`AdaptiveClipping.effective_sigma`; the count noise for the public
-    ``expected_batch_size`` if ``count_noise`` is not given)."""
+    (:meth:`AdaptiveClipping.effective_sigma`)."""
     settings = svi.adaptive_clipping
     if settings is None:
         return sigma
-    if settings.count_noise is None and expected_batch_size is None:
-        raise ValueError(
-            "Expected count_noise in AdaptiveClipping for get_epsilon and get_delta: the default count noise "
-            "(the expected batch size / 20) is known to run and update only, not from q.")
-    return _adaptive.effective_sigma(sigma, settings.count_std(expected_batch_size))
+    return _adaptive.effective_sigma(sigma, settings.count_std(sigma))
 
 
 def account(svi, figure, target, q, num_epochs, num_iter, relation, accountant, sampler) -> float:

@@ -338,8 +338,6 @@ def test_refusals_name_the_arguments():
     with pytest.raises(ValueError, match="target_quantile"):
         DPSVI(**make, clipping_threshold=1.0, dp_scale=1.0, adaptive_clipping=AdaptiveClipping(target_quantile=1))
     svi = DPSVI(**make, clipping_threshold=1.0, dp_scale=1.0, adaptive_clipping=True)
-    with pytest.raises(ValueError, match="count_noise"):
-        svi.get_epsilon(1e-5, 0.1, num_iter=10)
     xs = _rows([1.0, 2.0])
     state = svi.init(d3p.random.PRNGKey(0), xs)
     with pytest.raises(ValueError, match="clipping_threshold"):
@@ -348,3 +346,50 @@ def test_refusals_name_the_arguments():
                 adaptive_clipping=AdaptiveClipping(count_noise=1.0, max_threshold=1e38))
     with pytest.raises(ValueError, match="threshold_bound"):
         jax.jit(lambda s: big.update(s, xs))(big.init(d3p.random.PRNGKey(0), xs))
+
+
+def test_default_count_noise_is_a_tenth_of_the_budget():
+    """Without ``count_noise`` the count takes a tenth of each step's privacy:
+    ``(2 σ_b)^-2 = 0.1 σ_eff^-2``, whatever σ; so every σ_eff that fixed
+    clipping accepts is accepted (no refusal at large σ or small batches), and
+    the accounting at σ_eff matches dp-accounting's RDP of the two releases
+    composed (computed here, not by d3p)."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    settings = AdaptiveClipping()
+    for sigma_eff in (0.3, 1.0, 27.0, 400.0):
+        sigma = settings.split(sigma_eff)
+        count_noise = settings.count_std(sigma)
+        assert sigma == pytest.approx(sigma_eff / math.sqrt(0.9), rel=1e-12)
+        assert (2 * count_noise) ** -2 == pytest.approx(0.1 * sigma_eff**-2, rel=1e-9)
+        assert _adaptive.effective_sigma(sigma, count_noise) >= sigma_eff
+    sigma = settings.split(2.0)
+    q, steps, delta = 0.05, 200, 1e-6
+
+    def rdp_epsilon(event):
+        acc = rdp_privacy_accountant.RdpAccountant()
+        acc.compose(dp_event.PoissonSampledDpEvent(q, event), steps)
+        return acc.get_epsilon(delta)
+
+    both = rdp_epsilon(dp_event.ComposedDpEvent(
+        [dp_event.GaussianDpEvent(sigma), dp_event.GaussianDpEvent(2 * settings.count_std(sigma))]))
+    assert both == pytest.approx(rdp_epsilon(dp_event.GaussianDpEvent(2.0)), rel=1e-6)
+    # the gradient alone would claim less: the count is accounted
+    assert rdp_epsilon(dp_event.GaussianDpEvent(sigma)) < 0.97 * both
+
+
+def test_default_count_noise_accepts_what_fixed_clipping_accepts():
+    """run(epsilon=) with the default count noise calibrates the same σ_eff
+    as fixed clipping does for σ alone, at a batch where the paper's default
+    ``B / 20`` was refused (2 σ_b = 0.8 below σ_eff here)."""
+    data = _rows(np.linspace(0, 1, N_RUN))
+    kw = dict(batch_size=8, epsilon=0.3, delta=1e-5, progress_bar=False)
+    key = d3p.random.debug.PRNGKey(0)
+    adaptive = _svi(dp_scale=None, N=N_RUN).run(key, 20, data, **kw)
+    fixed = DPSVI(model, guide, numpyro.optim.SGD(0.0), Trace_ELBO(), clipping_threshold=1.0, dp_scale=None,
+                  N=N_RUN, rng_suite=d3p.random.debug).run(key, 20, data, **kw)
+    assert adaptive.sigma == pytest.approx(fixed.sigma, rel=1e-9) and adaptive.sigma > 0.8
+    assert adaptive.epsilon <= 0.3 and adaptive.epsilon == pytest.approx(fixed.epsilon, rel=1e-6)
+    with pytest.raises(ValueError, match="count_noise"):
+        _svi(dp_scale=None, N=N_RUN, count_noise=0.4).run(key, 20, data, **kw)

@@ -23,8 +23,9 @@ import d3p._private_step
 import d3p.svi
 import d3p.twin as twin
 from d3p import accounting, dputil, minibatch
-from d3p.svi import DPSVIRunResult
 from d3p.twin import ColumnSpec, Schema, SchemaInferenceWarning, TwinInputError
+
+from _stub_run import stub_result
 
 
 def small_frame(n=150, seed=0):
@@ -195,16 +196,10 @@ def stub_run(monkeypatch):
 
     def fake_run(self, rng_key, num_steps, *args, q=None, batch_size=None, sampling="fixed",
                  target_delta=None, accountant="fourier", init_state=None, **kwargs):
-        N = args[0].shape[0]
-        sampler = (minibatch.PoissonSampler(N, q) if sampling == "poisson"
-                   else minibatch.FixedSizeSampler(N, batch_size))
+        res = stub_result(self, init_state, jnp.zeros(num_steps), args[0].shape[0], num_steps, q=q,
+                          batch_size=batch_size, sampling=sampling, target_delta=target_delta)
         calls.append(types.SimpleNamespace(svi=self, args=args, sampling=sampling, q=q,
                                            batch_size=batch_size, init_state=init_state))
-        res = DPSVIRunResult(self.get_params(init_state), init_state, jnp.zeros(num_steps))
-        res.epsilon = accounting.compute_epsilon(self.dp_scale, sampler.q, num_steps, target_delta,
-                                                 relation=sampler.relation)
-        res.delta, res.relation, res.sigma = target_delta, sampler.relation, self.dp_scale
-        res.q, res.num_steps = sampler.q, num_steps
         return res
 
     monkeypatch.setattr(d3p.svi.DPSVI, "run", fake_run)
@@ -309,12 +304,18 @@ def user_guide(x=None, *, N, num_records=None):
     numpyro.sample("mu", dist.Normal(loc, 0.1).to_event(1))
 
 
-@pytest.mark.slow
-def test_user_model_fit_save_load(tmp_path):
-    rng = np.random.default_rng(0)
-    df = pd.DataFrame({"a": rng.uniform(0, 10, 120), "b": rng.uniform(-1, 1, 120)})
+def _user_frame(seed, n):
+    """``n`` records of two uniform columns, a in [0, 10] and b in [-1, 1], and their schema."""
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame({"a": rng.uniform(0, 10, n), "b": rng.uniform(-1, 1, n)})
     schema = Schema((ColumnSpec("a", "real", "float64", False, lower=0, upper=10, distribution="normal"),
                      ColumnSpec("b", "real", "float64", False, lower=-1, upper=1, distribution="normal")))
+    return df, schema
+
+
+@pytest.mark.slow
+def test_user_model_fit_save_load(tmp_path):
+    df, schema = _user_frame(seed=0, n=120)
     tw = twin.fit(df, 1.0, rng_key=3, schema=schema, model=user_model, guide=user_guide, num_steps=20,
                   q=0.2, progress_bar=False)
     assert tw.model_spec == {"type": "custom", "name": "user_model"}
@@ -330,10 +331,7 @@ def test_user_model_fit_save_load(tmp_path):
 @pytest.mark.slow
 def test_user_model_default_autoguide(tmp_path):
     """A user model without a guide gets AutoDiagonalNormal; save/load reproduces its samples."""
-    rng = np.random.default_rng(1)
-    df = pd.DataFrame({"a": rng.uniform(0, 10, 100), "b": rng.uniform(-1, 1, 100)})
-    schema = Schema((ColumnSpec("a", "real", "float64", False, lower=0, upper=10, distribution="normal"),
-                     ColumnSpec("b", "real", "float64", False, lower=-1, upper=1, distribution="normal")))
+    df, schema = _user_frame(seed=1, n=100)
     tw = twin.fit(df, 1.0, rng_key=4, schema=schema, model=user_model, num_steps=20, q=0.2, progress_bar=False)
     assert tw.guide_spec == {"type": "AutoDiagonalNormal"} and set(tw.params) == {"auto_loc", "auto_scale"}
     tw.save(tmp_path / "t")
@@ -557,7 +555,8 @@ def test_adaptive_clipping_is_accounted_with_its_counts():
                   num_steps=STEPS, q=0.2, progress_bar=False,
                   adaptive_clipping=d3p.svi.AdaptiveClipping(target_quantile=0.9))
     info = tw.fit_info["adaptive_clipping"]
-    assert info["target_quantile"] == 0.9 and info["count_noise"] == 0.2 * len(df) / 20
+    # the default count noise: a tenth of each step's privacy, 1.5 times the gradient's noise multiplier
+    assert info["target_quantile"] == 0.9 and info["count_noise"] == pytest.approx(1.5 * info["gradient_sigma"])
     assert info["final_clipping_threshold"] != tw.privacy["clipping_threshold"]   # C moved
     sigma, count_noise = info["gradient_sigma"], info["count_noise"]
     sigma_eff = (sigma**-2 + (2 * count_noise) ** -2) ** -0.5

@@ -537,14 +537,14 @@ def _fit_mixture(schema: Schema, x: np.ndarray, plan: "_Plan", key, model, guide
     adaptive = _adaptive.resolve(adaptive_clipping, clipping_threshold)
     dp_scale = plan.sigma
     if adaptive is not None:
-        dp_scale = _adaptive.gradient_sigma(plan.sigma, adaptive.count_std(plan.sampler.expected_batch_size))
+        dp_scale = adaptive.split(plan.sigma)
     svi = DPSVI(model, guide, optim, Trace_ELBO(), clipping_threshold=clipping_threshold, dp_scale=dp_scale,
                 adaptive_clipping=adaptive, N=plan.num_records)
     result = _run(svi, guide, schema, x, plan, key, progress_bar, ledger)
     fit_info = _fit_info(plan, learning_rate, clipping_threshold, optimizer, seconds=time.monotonic() - t0)
     fit_info["adaptive_clipping"] = None if adaptive is None else {
         "target_quantile": adaptive.target_quantile, "learning_rate": adaptive.learning_rate,
-        "count_noise": adaptive.count_std(plan.sampler.expected_batch_size), "gradient_sigma": dp_scale,
+        "count_noise": adaptive.count_std(dp_scale), "gradient_sigma": dp_scale,
         "final_clipping_threshold": float(result.state.clipping_threshold)}
     return TwinResult(schema, model, guide, result.params, num_records=plan.num_records, model_spec=model_spec,
                       guide_spec=guide_spec, privacy=_privacy_record(plan, result, clipping_threshold, schema),
