@@ -39,21 +39,23 @@ class RunPlan(NamedTuple):
 #: The largest (expected) batch :meth:`DPSVI.run` chooses by itself (:func:`automatic_q`).
 AUTOMATIC_MAX_BATCH_SIZE = 4096
 
-#: The most probability that one automatic Poisson batch of the add/remove
-#: neighbour (``N + 1`` records) overflows the padded size ``N`` (it adds to δ).
-AUTOMATIC_OVERFLOW = 1e-12
+#: The most that the add/remove neighbour's overflow of the automatic Poisson
+#: batches (``N + 1`` records drawn into ``N`` slots) may add to δ, as a share of δ.
+AUTOMATIC_OVERFLOW_SHARE = 1e-3
 
 
-def automatic_q(N: int, sampling: str = "poisson") -> float:
+def automatic_q(N: int, sampling: str = "poisson", num_steps: int = 1, delta: float = 1e-12,
+                epsilon: Optional[float] = None) -> float:
     """The sampling probability :meth:`DPSVI.run` uses when given neither
     ``batch_size`` nor ``q``: as much of the data set as a step can take, as
     :meth:`numpyro.infer.SVI.run` uses all the data it is given, up to an
     expected :data:`AUTOMATIC_MAX_BATCH_SIZE` records. Fixed-size batches: the
     whole data set (``q = 1``) up to that size. Poisson batches are padded to
-    at most ``N`` slots, and the add/remove neighbour has ``N + 1`` records:
-    ``q`` is at most the value at which all ``N + 1`` are drawn with
-    probability :data:`AUTOMATIC_OVERFLOW`, ``AUTOMATIC_OVERFLOW ** (1 / (N + 1))``
-    (0.94 at N = 455, 0.9986 at N = 20,000). A public fact of ``N``.
+    at most ``N`` slots and the add/remove neighbour has ``N + 1`` records,
+    which all fall in a batch with probability ``q^(N + 1)``; over
+    ``num_steps`` steps that adds ``(1 + e^ε) T q^(N + 1)`` to δ, kept at most
+    :data:`AUTOMATIC_OVERFLOW_SHARE` of ``delta`` (with ε = 1 where it is not
+    given): 0.93 at N = 455, T = 2,000, ε = 8, δ = 1/N². Public facts only.
 
     Why large batches: at a fixed ε and number of steps, the noise of a step
     relative to the batch's clipped sum barely depends on ``q`` once σ is
@@ -62,7 +64,9 @@ def automatic_q(N: int, sampling: str = "poisson") -> float:
     (benchmarks/README.md, "Accuracy at the defaults")."""
     q = min(1.0, AUTOMATIC_MAX_BATCH_SIZE / N)
     if sampling == "poisson":
-        q = min(q, AUTOMATIC_OVERFLOW ** (1.0 / (N + 1)))
+        eps = 1.0 if epsilon is None or math.isinf(epsilon) else epsilon
+        allowed = AUTOMATIC_OVERFLOW_SHARE * delta / ((1.0 + math.exp(min(eps, 700.0))) * num_steps)
+        q = min(q, math.exp(math.log(allowed) / (N + 1)))
     return q
 
 
@@ -73,12 +77,11 @@ def describe_choice(sampler) -> str:
             f"(q = {sampler.q:.4g}) from {sampler.num_records} records at every step, accounted as such")
 
 
-def _sampler(N, batch_size, q, sampling, max_batch_size):
-    """The sampler of :meth:`DPSVI.run`'s arguments."""
+def _sampler(N, batch_size, q, sampling, max_batch_size, num_steps=1, delta=1e-12, epsilon=None):
+    """The sampler of :meth:`DPSVI.run`'s arguments (``num_steps``, ``delta``
+    and ``epsilon``: for :func:`automatic_q`)."""
     from d3p import minibatch
 
-    if N < 1:
-        raise ValueError("Expected a non-empty data set, got 0 records.")
     if not (isinstance(sampling, str) and sampling in SAMPLINGS):  # exactly, as the docs spell them
         raise ValueError(f"Expected sampling to be one of 'poisson', 'fixed', got sampling={sampling!r}.")
     if batch_size is not None and q is not None:
@@ -87,7 +90,7 @@ def _sampler(N, batch_size, q, sampling, max_batch_size):
             f"batch_size={batch_size}, q={q}."
         )
     if batch_size is None and q is None:
-        q = automatic_q(N, sampling)
+        q = automatic_q(N, sampling, num_steps, delta, epsilon)
     if sampling == "fixed":
         if batch_size is None:
             batch_size = minibatch.q_to_batch_size(q, N)
@@ -103,11 +106,13 @@ def run_plan(svi, N, num_steps, batch_size, q, sampling, max_batch_size, target_
              relation, epsilon=None) -> RunPlan:
     """:meth:`DPSVI.run`'s sampler and its accounting, from run's arguments
     (called by :func:`d3p._run.run`: its warnings name the caller of ``DPSVI.run``)."""
-    sampler = _sampler(N, batch_size, q, sampling, max_batch_size)
-    acc = accounting.accounting_for(sampler.name, relation, svi.noise)
+    if N < 1:
+        raise ValueError("Expected a non-empty data set, got 0 records.")
     if target_delta is None:
         target_delta = 1.0 / N**2
     target_delta = _validate.open_unit("delta" if epsilon is not None else "target_delta", target_delta)
+    sampler = _sampler(N, batch_size, q, sampling, max_batch_size, num_steps, target_delta, epsilon)
+    acc = accounting.accounting_for(sampler.name, relation, svi.noise)
     _validate.warn_if_large_delta("target_delta", target_delta, N, stacklevel=5)
     sigma, target_delta = run_sigma(svi, epsilon, acc, sampler, num_steps, target_delta, accountant)
     tracker = acc.tracker(accounted_sigma(svi, sigma), sampler.q, target_delta,

@@ -40,24 +40,34 @@ def svi():
                  clipping_threshold=1.0, dp_scale=2.0, N=N)
 
 
-@pytest.mark.parametrize("num_records, sampling, expected", [
-    (40, "poisson", 1e-12 ** (1 / 41)),            # all of the data but the neighbour's overflow
-    (455, "poisson", 1e-12 ** (1 / 456)),          # the README's data: 0.941
-    (20_000, "poisson", 4096 / 20_000),            # capped at an expected 4,096 records
-    (40, "fixed", 1.0),                            # fixed size: the whole data set
-    (10_000, "fixed", 4096 / 10_000),
+@pytest.mark.parametrize("num_records, sampling, steps, delta, epsilon", [
+    (40, "poisson", 8, 1e-4, None),          # ε not given: bounded as for ε = 1
+    (455, "poisson", 2000, 1 / 455**2, 8.0),  # the README's data at ε = 8: 0.927
+    (455, "poisson", 2000, 1 / 455**2, 1.0),
+    (20_000, "poisson", 2000, 1 / 20_000**2, 1.0),  # capped at an expected 4,096 records
+    (40, "fixed", 8, 1e-4, 1.0),             # fixed size: the whole data set
+    (10_000, "fixed", 8, 1e-4, 1.0),
 ])
-def test_automatic_q_is_a_function_of_public_facts(num_records, sampling, expected):
-    assert _run_plan.automatic_q(num_records, sampling) == pytest.approx(expected, rel=1e-12)
-    # the add/remove neighbour's batch (N + 1 records) overflows the padding with probability <= 1e-12
-    q = _run_plan.automatic_q(num_records, sampling)
-    if sampling == "poisson" and q < 4096 / num_records:
-        assert q ** (num_records + 1) <= 1e-12 * (1 + 1e-9)
+def test_automatic_q_is_a_function_of_public_facts(num_records, sampling, steps, delta, epsilon):
+    q = _run_plan.automatic_q(num_records, sampling, steps, delta, epsilon)
+    cap = min(1.0, 4096 / num_records)
+    assert 0 < q <= cap
+    if sampling == "fixed":
+        assert q == cap
+    elif q < cap:
+        # the add/remove neighbour's overflow adds at most a thousandth of δ, computed here
+        eps = 1.0 if epsilon is None else epsilon
+        added = (1 + math.exp(eps)) * steps * q ** (num_records + 1)
+        assert added == pytest.approx(1e-3 * delta, rel=1e-6)
+        # and the library's own overflow term agrees
+        from d3p import _sampling
+        assert _sampling.overflow_delta(num_records, q, num_records, steps, eps) <= 1.001e-3 * delta
+    assert _run_plan.automatic_q(num_records, sampling, steps, delta, epsilon) == q   # deterministic
 
 
 def test_run_without_a_batch_size_says_and_accounts_what_it_chose(svi, capsys):
     result = svi.run(d3p.random.PRNGKey(0), T, XS, target_delta=1e-4)
-    q = _run_plan.automatic_q(N)
+    q = _run_plan.automatic_q(N, "poisson", T, 1e-4)
     err = capsys.readouterr().err
     assert f"(q = {q:.4g}) from {N} records" in err and "no batch_size or q given" in err
     assert result.q == pytest.approx(q)
