@@ -190,6 +190,19 @@ def _records(rng, B, d_in, d_out, rows=None, scale=1.0):
     return x, y
 
 
+def _normal_params(**leaves):
+    """``params(rng)``: float32 standard normal leaves, drawn in the order given;
+    each leaf is ``name=shape`` or ``name=(shape, scale)``."""
+    def make(rng):
+        params = {}
+        for name, spec in leaves.items():
+            shape, scale = spec if isinstance(spec[0], tuple) else (spec, None)
+            x = rng.normal(size=shape)
+            params[name] = jnp.asarray(x if scale is None else x * scale, jnp.float32)
+        return params
+    return make
+
+
 PLAIN_CASES = {
     # name: (loss, params(rng), records(rng), expected ghost leaves)
     "mlp": (
@@ -199,51 +212,19 @@ PLAIN_CASES = {
         lambda r: _records(r, 10, MLP_SIZES[0], MLP_SIZES[-1], scale=3.0),
         {"['W0']", "['W1']", "['W2']"},
     ),
-    "two_dots": (
-        two_dots_loss,
-        lambda r: {"W": jnp.asarray(r.normal(size=(5, 5)), jnp.float32),
-                   "V": jnp.asarray(r.normal(size=(5, 2)), jnp.float32)},
-        lambda r: _records(r, 9, 5, 2),
-        {"['W']", "['V']"},
-    ),
-    "dot_and_elementwise": (
-        dot_and_elementwise_loss,
-        lambda r: {"W": jnp.asarray(r.normal(size=(4, 3)), jnp.float32),
-                   "U": jnp.asarray(r.normal(size=(4, 2)), jnp.float32)},
-        lambda r: _records(r, 10, 4, 3),
-        {"['U']"},
-    ),
-    "transposed_and_sides": (
-        transposed_and_sides_loss,
-        lambda r: {"Wt": jnp.asarray(r.normal(size=(4, 4)), jnp.float32),
-                   "S": jnp.asarray(r.normal(size=(4, 4)) * 0.5, jnp.float32)},
-        lambda r: _records(r, 7, 4, 4),
-        {"['Wt']"},
-    ),
-    "rows": (
-        rows_loss,
-        lambda r: {"W": jnp.asarray(r.normal(size=(6, 7)) * 0.4, jnp.float32),
-                   "b": jnp.asarray(r.normal(size=(7,)) * 0.1, jnp.float32),
-                   "V": jnp.asarray(r.normal(size=(7, 2)) * 0.4, jnp.float32),
-                   "v": jnp.asarray(r.normal(size=(7,)) * 0.4, jnp.float32)},
-        lambda r: _records(r, 6, 6, 2, rows=2),
-        {"['W']", "['V']", "['v']"},
-    ),
-    "control_flow": (
-        control_flow_loss,
-        lambda r: {"W": jnp.asarray(r.normal(size=(4, 3)), jnp.float32),
-                   "R": jnp.asarray(r.normal(size=(3, 3)) * 0.5, jnp.float32)},
-        lambda r: _records(r, 8, 4, 3),
-        {"['W']"},
-    ),
-    "low_rank": (
-        low_rank_loss,
-        lambda r: {"U": jnp.asarray(r.normal(size=(4, 8)) * 0.5, jnp.float32),
-                   "V": jnp.asarray(r.normal(size=(8, 4)) * 0.5, jnp.float32),
-                   "c": jnp.asarray(r.normal(size=(4,)), jnp.float32)},
-        lambda r: _records(r, 8, 4, 4),
-        {"['U']", "['V']"},
-    ),
+    "two_dots": (two_dots_loss, _normal_params(W=(5, 5), V=(5, 2)),
+                 lambda r: _records(r, 9, 5, 2), {"['W']", "['V']"}),
+    "dot_and_elementwise": (dot_and_elementwise_loss, _normal_params(W=(4, 3), U=(4, 2)),
+                            lambda r: _records(r, 10, 4, 3), {"['U']"}),
+    "transposed_and_sides": (transposed_and_sides_loss, _normal_params(Wt=(4, 4), S=((4, 4), 0.5)),
+                             lambda r: _records(r, 7, 4, 4), {"['Wt']"}),
+    "rows": (rows_loss,
+             _normal_params(W=((6, 7), 0.4), b=((7,), 0.1), V=((7, 2), 0.4), v=((7,), 0.4)),
+             lambda r: _records(r, 6, 6, 2, rows=2), {"['W']", "['V']", "['v']"}),
+    "control_flow": (control_flow_loss, _normal_params(W=(4, 3), R=((3, 3), 0.5)),
+                     lambda r: _records(r, 8, 4, 3), {"['W']"}),
+    "low_rank": (low_rank_loss, _normal_params(U=((4, 8), 0.5), V=((8, 4), 0.5), c=(4,)),
+                 lambda r: _records(r, 8, 4, 4), {"['U']", "['V']"}),
 }
 
 

@@ -24,6 +24,8 @@ from jax import lax
 from d3p import minibatch
 from d3p.minibatch import LOOP_FAILURE_PROBABILITY, SamplingError
 
+from _two_steps import marked_slow, outcome_of_step
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BROKEN_SCRIPT = textwrap.dedent(r'''
@@ -154,12 +156,11 @@ def broken_runs_slow():
 @pytest.fixture
 def result(request):
     """The outcome of the test's ``case`` in the subprocess of its step."""
-    case = request.node.callspec.params["case"]
-    return request.getfixturevalue("broken_runs_slow" if case in SLOW_CASES else "broken_runs")[case]
+    return outcome_of_step(request, "case", SLOW_CASES, "broken_runs", "broken_runs_slow")
 
 
 def cases(*names):
-    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in names]
+    return marked_slow(names, SLOW_CASES)
 
 
 # DPSVI.run draws its batches inside its compiled steps and checks them after

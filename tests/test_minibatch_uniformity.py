@@ -33,6 +33,8 @@ from d3p.minibatch import (
     subsample_batchify_data,
 )
 
+from _two_steps import marked_slow, outcome_of_step
+
 ALPHA = 1e-4
 NUM_DRAWS = 100_000
 
@@ -161,13 +163,12 @@ def slow_draws():
 @pytest.fixture
 def sample(request):
     """The draws of the test's ``name`` parameter, from the program of its step."""
-    name = request.node.callspec.params["name"]
-    return request.getfixturevalue("slow_draws" if name in SLOW else "draws")[name]
+    return outcome_of_step(request, "name", SLOW, "draws", "slow_draws")
 
 
 def names(*all_names):
     """Parameters ``name``, marked slow where they are drawn in the slow step."""
-    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in all_names]
+    return marked_slow(all_names, SLOW)
 
 
 # the other (N, B) of both code paths: single pass (5, 2), (16, 2), (17, 3) and loop

@@ -24,6 +24,8 @@ import d3p.svi
 import d3p.twin as twin
 from d3p.twin import ColumnSpec, Schema, TwinInputError
 
+from _stub_run import stub_result
+
 SCHEMA = Schema.from_dict({"columns": [
     {"name": "diag", "kind": "categorical", "levels": ["flu", "cold", "other"], "other": "other",
      "nullable": False, "distribution": "categorical", "dtype": "str"},
@@ -271,21 +273,11 @@ def test_schema_level_errors_quote_no_record():
 def _stub_run(seen):
     """A DPSVI.run that records its data and returns the initial parameters,
     accounted as the real run would be: the fit without its mechanism."""
-    from d3p import accounting, minibatch
-    from d3p.svi import DPSVIRunResult
-
     def run(self, rng_key, num_steps, data, *, q=None, batch_size=None, sampling="fixed", target_delta=None,
             init_state=None, **kwargs):
         seen["data"] = np.array(data)
-        N = data.shape[0]
-        sampler = (minibatch.PoissonSampler(N, q) if sampling == "poisson"
-                   else minibatch.FixedSizeSampler(N, batch_size))
-        res = DPSVIRunResult(self.get_params(init_state), init_state, np.zeros(num_steps))
-        res.epsilon = accounting.compute_epsilon(self.dp_scale, sampler.q, num_steps, target_delta,
-                                                 relation=sampler.relation)
-        res.delta, res.relation, res.sigma = target_delta, sampler.relation, self.dp_scale
-        res.q, res.num_steps = sampler.q, num_steps
-        return res
+        return stub_result(self, init_state, np.zeros(num_steps), data.shape[0], num_steps, q=q,
+                           batch_size=batch_size, sampling=sampling, target_delta=target_delta)
 
     return run
 
@@ -444,15 +436,22 @@ def _saved_public(path, family):
     return desc
 
 
-def _cli_neighbours(tmp_path, capsys, family, extra):
-    """``python -m d3p twin --schema`` on a clean CSV and on its neighbour with one
-    record outside the schema (text, inf, undeclared levels), same seed."""
+def _run_folders(tmp_path):
+    """Folders ``run0`` and ``run1``, each with one neighbour's CSV as ``in.csv``
+    (a clean one, and one with a record outside the schema)."""
     a, b, schema, D, i = _neighbour_files(tmp_path, BAD_LINES["text in numbers"])
-    runs = []
     for k, path in enumerate((a, b)):
         run = tmp_path / f"run{k}"
         run.mkdir()
         (run / "in.csv").write_bytes(path.read_bytes())
+        yield run, schema
+
+
+def _cli_neighbours(tmp_path, capsys, family, extra):
+    """``python -m d3p twin --schema`` on a clean CSV and on its neighbour with one
+    record outside the schema (text, inf, undeclared levels), same seed."""
+    runs = []
+    for run, schema in _run_folders(tmp_path):
         args = [run / "in.csv", run / "syn.csv", "--epsilon", "1", "--schema", schema, "--seed", "3",
                 "--family", family, "--save-model", run / "model", "--report-dir", run / "report", "--no-progress",
                 *extra]
@@ -493,12 +492,8 @@ def test_twin_schema_on_neighbours_writes_the_same(tmp_path, capsys):
     output and the same schema file (the given one) on both neighbours."""
     from d3p.__main__ import main as d3p_main
 
-    a, b, schema, D, i = _neighbour_files(tmp_path, BAD_LINES["text in numbers"])
     runs = []
-    for k, path in enumerate((a, b)):
-        run = tmp_path / f"run{k}"
-        run.mkdir()
-        (run / "in.csv").write_bytes(path.read_bytes())
+    for run, schema in _run_folders(tmp_path):
         code = d3p_main(["twin-schema", str(run / "in.csv"), str(run / "schema.json"), "--schema", str(schema)])
         out, err = capsys.readouterr()
         runs.append((code, out.replace(str(run), "RUN"), err.replace(str(run), "RUN"),

@@ -1,50 +1,78 @@
-"""The samplers and DPSVI.run under 64-bit JAX (jax_enable_x64, as twinify sets it).
+"""The samplers, DPSVI's steps in compiled loops and DPSVI.run under 64-bit
+JAX (jax_enable_x64, as twinify sets it).
 
-Runs in a subprocess, since x64 is a process-wide flag."""
+Runs in subprocesses, since x64 is a process-wide flag."""
 
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-SCRIPT = textwrap.dedent("""
-    import jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
-    from numpyro.infer import Trace_ELBO
-    from numpyro.infer.autoguide import AutoDiagonalNormal
-    import d3p.random
-    from d3p.minibatch import poisson_batchify_data, subsample_batchify_data
-    from d3p.svi import DPSVI
+#: The start of both scripts: a model of one normal mean and its DPSVI.
+MODEL = """
+import jax, jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
+from jax import lax
+from numpyro.infer import Trace_ELBO
+from numpyro.infer.autoguide import AutoDiagonalNormal
+import d3p.random
+from d3p.minibatch import poisson_batchify_data, subsample_batchify_data
+from d3p.svi import DPSVI
 
-    x = np.arange(100.0)
-    init, get = subsample_batchify_data((x,), batch_size=10)
-    (batch,) = get(0, init(d3p.random.PRNGKey(0))[1])
-    assert batch.shape == (10,) and len(set(np.asarray(batch).tolist())) == 10
-    init, get = poisson_batchify_data((x,), 0.1, 30)
-    (batch,), mask = get(0, init(d3p.random.PRNGKey(0))[1])
-    assert batch.shape == mask.shape == (30,)
+def model(xs, N):
+    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
 
-    def model(xs, N):
-        mu = numpyro.sample("mu", dist.Normal(0, 10))
-        with numpyro.plate("data", N, subsample_size=xs.shape[0]):
-            numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
+svi = DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
+            clipping_threshold=2.0, dp_scale=1.0, N=100)
+"""
 
-    svi = DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
-                clipping_threshold=2.0, dp_scale=1.0, N=100)
-    for kw in (dict(batch_size=10), dict(batch_size=10, sampling="fixed")):
-        r = svi.run(d3p.random.PRNGKey(0), 20, jnp.asarray(x), progress_bar=False, **kw)
-        assert np.isfinite(r.epsilon) and r.params["auto_loc"].dtype == jnp.float64
-    print("ok")
-""")
+SCRIPT = MODEL + """
+x = np.arange(100.0)
+init, get = subsample_batchify_data((x,), batch_size=10)
+(batch,) = get(0, init(d3p.random.PRNGKey(0))[1])
+assert batch.shape == (10,) and len(set(np.asarray(batch).tolist())) == 10
+init, get = poisson_batchify_data((x,), 0.1, 30)
+(batch,), mask = get(0, init(d3p.random.PRNGKey(0))[1])
+assert batch.shape == mask.shape == (30,)
+
+for kw in (dict(batch_size=10), dict(batch_size=10, sampling="fixed")):
+    r = svi.run(d3p.random.PRNGKey(0), 20, jnp.asarray(x), progress_bar=False, **kw)
+    assert np.isfinite(r.epsilon) and r.params["auto_loc"].dtype == jnp.float64
+print("ok")
+"""
+
+LOOP_SCRIPT = MODEL + """
+batch = jnp.arange(10.0)
+state = svi.init(d3p.random.PRNGKey(0), batch)
+assert state.observation_scale.dtype == jnp.float64, state.observation_scale.dtype
+final = jax.jit(lambda s: lax.fori_loop(0, 3, lambda i, s: svi.update(s, batch)[0], s))(state)
+final = lax.while_loop(lambda c: c[1] < 2, lambda c: (svi.stable_update(c[0], batch)[0], c[1] + 1),
+                       (final, 0))[0]
+assert final.observation_scale.dtype == jnp.float64 and float(final.observation_scale) == 100.0
+assert jax.tree.structure(final) == jax.tree.structure(state)
+assert svi.get_params(final)["auto_loc"].dtype == jnp.float64
+print("ok")
+"""
+
+
+def _run_under_x64(script):
+    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
 
 
 @pytest.mark.slow
 def test_samplers_and_run_under_x64():
-    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    _run_under_x64(SCRIPT)
+
+
+@pytest.mark.slow
+def test_init_then_update_in_loops_under_x64():
+    """As test_svi_compat.py's test_init_then_update_in_loops, with jax_enable_x64."""
+    _run_under_x64(LOOP_SCRIPT)
 
 
 def test_the_x64_step_runs_the_listed_modules_for_their_reasons():

@@ -345,20 +345,16 @@ def _site_shapes(model: "MixtureModel"):
     sites = [("weights", (K - 1,), constraints.simplex)] if K > 1 else []
     sites += [(f"probs_{j}", (K, n + int(nullable) - 1), constraints.simplex)
               for j, n, nullable in L.categorical if n + int(nullable) > 1]
-    if L.bernoulli:
-        sites.append(("bernoulli", (K, len(L.bernoulli)), constraints.unit_interval))
-    if L.normal:
-        sites.append(("loc", (K, len(L.normal)), constraints.real))
-        sites.append(("scale", (K, len(L.normal)), constraints.positive))
-    if L.poisson:
-        sites.append(("log_rate", (K, len(L.poisson)), constraints.real))
-    if L.hurdle:
-        sites.append(("hurdle", (K, len(L.hurdle)), constraints.unit_interval))
-    if L.negbin:
-        sites.append(("nb_log_mean", (K, len(L.negbin)), constraints.real))
-        sites.append(("nb_log_concentration", (K, len(L.negbin)), constraints.real))
-    if L.missing:
-        sites.append(("missing", (K, len(L.missing)), constraints.unit_interval))
+    # per kind of column: its sites, each of shape (K, the number of such columns)
+    per_kind = ((L.bernoulli, (("bernoulli", constraints.unit_interval),)),
+                (L.normal, (("loc", constraints.real), ("scale", constraints.positive))),
+                (L.poisson, (("log_rate", constraints.real),)),
+                (L.hurdle, (("hurdle", constraints.unit_interval),)),
+                (L.negbin, (("nb_log_mean", constraints.real), ("nb_log_concentration", constraints.real))),
+                (L.missing, (("missing", constraints.unit_interval),)))
+    for columns, kind_sites in per_kind:
+        if columns:
+            sites += [(name, (K, len(columns)), support) for name, support in kind_sites]
     return sites
 
 
