@@ -470,79 +470,42 @@ class DPSVI(SVI):
             **kwargs) -> DPSVIRunResult:
         """Run ``num_steps`` DP-VI steps, each on a fresh random batch of the data.
 
-        Each step's batch is drawn from the full data by the sampler the
-        accounting assumes: ``sampling="poisson"`` (default;
-        :class:`d3p.minibatch.PoissonSampler`, add/remove or substitute) or
-        ``"fixed"`` (:class:`d3p.minibatch.FixedSizeSampler`, substitute, about
-        twice the noise for the same ε; docs/privacy.md). The ε spent for that
-        sampler (:func:`d3p.accounting.accounting_for`) is shown in the
-        progress bar and attached to the result. From public facts only: a
-        ``ValueError`` if the model's plate declares an ``N`` other than the
-        rows given; a ``UserWarning`` if the noise will dominate the fit
-        (:func:`d3p._private_step.warn_if_all_noise`) or ``target_delta >= 1 / N``.
+        Batches come from the sampler the accounting assumes (Poisson by
+        default, or fixed-size); the ε spent for it
+        (:func:`d3p.accounting.accounting_for`) is shown in the progress bar
+        and attached to the result. Public checks only: a ``ValueError`` if
+        the model's plate declares another ``N``; a ``UserWarning`` if the
+        noise will dominate or ``target_delta >= 1 / N``. Details of every
+        argument: docs/privacy.md, "What run does".
 
         :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey()``).
         :param int num_steps: number of steps, ``>= 1``.
-        :param args: the FULL data set: arrays with one row per record (``N`` rows).
-        :param int batch_size: B: the batch size (fixed sampling) or the
-            expected batch size (Poisson sampling, ``q = B / N``); or give ``q``;
-            or neither: nearly all the data (up to 4,096) at every step,
-            printed and accounted (:func:`d3p._run_plan.automatic_q`).
-        :param float q: sampling probability; ``batch_size = round(q N)`` for fixed
-            sampling.
-        :param str sampling: ``"poisson"`` (default) or ``"fixed"``.
-        :param int max_batch_size: padded batch size for Poisson sampling (default:
-            overflow probability negligible, see :class:`d3p.minibatch.PoissonSampler`).
-        :param float target_delta: δ for reporting ε; default ``1 / N**2``.
-        :param float epsilon: ask for this ε instead of giving ``dp_scale``
-            to the constructor (which must then be None): σ is calibrated by
-            :func:`d3p.dputil.calibrate_sigma` for this run's sampler,
-            relation, noise and steps, at ``delta`` less the Poisson overflow
-            term, and reported as the result's ``sigma`` (``inf``: no noise;
-            with ``adaptive_clipping``, ``σ_eff``, see
-            :meth:`AdaptiveClipping.gradient_sigma`).
-        :param float delta: the δ of ``epsilon`` (the same as ``target_delta``;
-            give one of the two).
-        :param PrivacyLedger ledger: record this run's steps in ``ledger``
-            (:class:`d3p.ledger.PrivacyLedger`): the run is refused before its
-            first step if it would pass the ledger's budget, or reuse the
-            batch keys of a run recorded there; it is recorded once it has
-            finished.
-        :param int start_step: the index of the first step in the stream of
-            batch keys drawn from ``rng_key`` (batch ``i`` is drawn with
-            ``fold_in(batch_key, start_step + i)``). Default: 0, or, with a
-            ``ledger``, the steps it has recorded with this ``rng_key``, or a
-            :class:`Checkpoint`'s ``step``. Continuing a run with the same
-            ``rng_key`` from where it stopped gives the same parameters, bit
-            for bit, as the run without the interruption.
+        :param args: the FULL data set, one row per record (``N`` rows); ``kwargs`` likewise.
+        :param int batch_size: the (expected) batch size, or give ``q``, or neither:
+            nearly all the data at every step (:func:`d3p._run_plan.automatic_q`, printed).
+        :param float q: sampling probability (fixed size: ``round(q N)`` records).
+        :param str sampling: ``"poisson"`` (default; add/remove or substitute) or
+            ``"fixed"`` (substitute; about twice the noise for the same ε).
+        :param int max_batch_size: Poisson batches' padded size (default: overflow negligible).
+        :param float epsilon: ask for this ε (``dp_scale=None`` in the constructor):
+            σ is calibrated for this run's sampler and steps (``inf``: no noise).
+        :param float delta: δ of ``epsilon``; ``target_delta`` is the same (default ``1 / N**2``).
+        :param PrivacyLedger ledger: check the run against the ledger's budget
+            before its first step and record it after the last.
+        :param int start_step: index of the first step in ``rng_key``'s stream of
+            batch keys (default 0, the ledger's count or a checkpoint's step).
         :param str accountant: ``"fourier"``, ``"rdp"`` or ``"pld"``.
-        :param str relation: the relation of the reported guarantee:
-            ``"add_remove"`` (default for Poisson sampling) or ``"substitute"``
-            (Poisson or fixed-size; the only one for fixed-size).
-        :param bool progress_bar: show a tqdm bar (loss and ε), advanced
-            after each compiled chunk of about 5% of the steps; without it all
-            steps run in one ``lax.scan``; the result is the same. The compiled
-            steps are kept: a later run with the same sampler, settings and
-            data shapes starts without compiling them again.
+        :param str relation: ``"add_remove"`` (Poisson's default) or ``"substitute"``.
+        :param bool progress_bar: a tqdm bar (loss and ε); the result is the same without.
         :param bool stable_update: use :meth:`stable_update`.
         :param bool forward_mode_differentiation: as in NumPyro.
-        :param DPSVIState init_state: continue from this state, or from a
-            :class:`Checkpoint` (:func:`load_checkpoint`), whose ``step`` and
-            ``ledger`` are then the defaults of ``start_step`` and
-            ``ledger``. The reported ε is that of this run's steps; the ledger
-            holds the total.
+        :param DPSVIState init_state: continue from a state or a :class:`Checkpoint`.
         :param dict init_params: initial values of param sites (public).
-        :param init_data: optional public records to initialise on, as for
-            :meth:`init`; by default the run initialises on ones shaped like
-            one batch (never on the data).
-        :param float average: the share in [0, 1) of the last steps whose
-            parameters are averaged into the result's ``params``
-            (post-processing); 0: the final ones. ``state`` is the final one.
-        :param kwargs: per-record keyword data (``N`` rows each).
-        :return: :class:`DPSVIRunResult` ``(params, state, losses)`` with the
-            fields ``epsilon``, ``delta``, ``relation``, ``sampler``, ``sigma``,
-            ``q``, ``num_steps``, ``start_step``, ``averaged_steps``. The losses
-            are NOT private.
+        :param init_data: public records to initialise on (default: placeholders).
+        :param float average: the share in [0, 1) of the last steps whose parameters
+            are averaged into ``params`` (post-processing); ``state`` is the last.
+        :return: :class:`DPSVIRunResult` ``(params, state, losses)`` with the privacy
+            spent (``epsilon``, ``delta``, ``sigma``, ``q``, ...); the losses are NOT private.
         """
         return _run.run(
             self, rng_key, num_steps, args, kwargs, batch_size=batch_size, q=q, sampling=sampling,
