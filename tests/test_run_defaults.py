@@ -14,30 +14,20 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 import pytest
-from numpyro.infer import Trace_ELBO
-from numpyro.infer.autoguide import AutoDiagonalNormal
 
 import d3p.random
 from d3p import _run_plan, accounting
-from d3p.svi import DPSVI
+
+from _normal_mean import normal_mean_svi
 
 N, T = 40, 8
 XS = jnp.linspace(0.0, 1.0, N)
 
 
-def model(xs, N):
-    mu = numpyro.sample("mu", dist.Normal(0, 10))
-    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
-        numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
-
-
 @pytest.fixture(scope="module")
 def svi():
-    return DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
-                 clipping_threshold=1.0, dp_scale=2.0, N=N)
+    return normal_mean_svi(clipping_threshold=1.0, dp_scale=2.0, N=N)
 
 
 @pytest.mark.parametrize("num_records, sampling, steps, delta, epsilon", [

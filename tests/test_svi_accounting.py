@@ -4,23 +4,14 @@ References are dp-accounting's PLD accountant called directly with the
 dominating pair of each sampler (see d3p.accounting.accounting_for)."""
 
 import jax.numpy as jnp
-import numpyro
-import numpyro.distributions as dist
 import pytest
-from numpyro.infer import Trace_ELBO
-from numpyro.infer.autoguide import AutoDiagonalNormal
 
 import d3p.random
-from d3p.svi import DPSVI
+
+from _normal_mean import normal_mean_svi
 
 dp_accounting = pytest.importorskip("dp_accounting")
 from dp_accounting.pld import pld_privacy_accountant  # noqa: E402
-
-
-def model(xs, N):
-    mu = numpyro.sample("mu", dist.Normal(0, 10))
-    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
-        numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
 
 
 N = 200
@@ -36,8 +27,7 @@ def reference_epsilon(sigma, q, steps, delta, pair_sigma_divisor, relation):
 
 @pytest.fixture(scope="module")
 def svi():
-    return DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
-                 clipping_threshold=1.0, dp_scale=1.5, N=N)
+    return normal_mean_svi(clipping_threshold=1.0, dp_scale=1.5, N=N)
 
 
 NR = dp_accounting.NeighboringRelation

@@ -3,28 +3,18 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 import pytest
-from numpyro.infer import Trace_ELBO
-from numpyro.infer.autoguide import AutoDiagonalNormal
 
 import d3p.random
 from d3p import accounting
 from d3p._private_step import noisy_gradient
-from d3p.svi import DPSVI
 
-
-def model(xs, N):
-    mu = numpyro.sample("mu", dist.Normal(0, 10))
-    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
-        numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
+from _normal_mean import normal_mean_svi
 
 
 def make_svi(noise="discrete", **kwargs):
-    guide = AutoDiagonalNormal(model)
     kwargs = dict(dict(clipping_threshold=2.0, dp_scale=1.0, N=200), **kwargs)
-    return DPSVI(model, guide, numpyro.optim.Adam(0.05), Trace_ELBO(), noise=noise, **kwargs)
+    return normal_mean_svi(noise=noise, **kwargs)
 
 
 XS = jnp.linspace(0.0, 2.0, 200)

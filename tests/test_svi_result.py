@@ -6,31 +6,22 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 import pytest
-from numpyro.infer import Trace_ELBO
-from numpyro.infer.autoguide import AutoDiagonalNormal
 
 import d3p.random
 from d3p import accounting
-from d3p.svi import DPSVI, DPSVIRunResult, DPSVIState
+from d3p.svi import DPSVIRunResult, DPSVIState
+
+from _normal_mean import normal_mean_svi
 
 N, T = 40, 6
 PRIVACY_FIELDS = ["epsilon", "delta", "relation", "sampler", "sigma", "q", "num_steps", "start_step",
                   "averaged_steps"]
 
 
-def model(xs, N):
-    mu = numpyro.sample("mu", dist.Normal(0, 10))
-    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
-        numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
-
-
 @pytest.fixture(scope="module")
 def run():
-    svi = DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
-                clipping_threshold=1.0, dp_scale=2.0, N=N)
+    svi = normal_mean_svi(clipping_threshold=1.0, dp_scale=2.0, N=N)
     result = svi.run(d3p.random.PRNGKey(0), T, jnp.linspace(0.0, 1.0, N), batch_size=8, sampling="fixed",
                      target_delta=1e-4, progress_bar=False)
     return svi, result
@@ -90,8 +81,7 @@ def test_is_a_pytree_of_the_three(run):
 @pytest.mark.parametrize("sampling", ["poisson", "fixed"])
 @pytest.mark.slow
 def test_a_second_run_reuses_the_compiled_steps(sampling):
-    svi = DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
-                clipping_threshold=1.0, dp_scale=2.0, N=N)
+    svi = normal_mean_svi(clipping_threshold=1.0, dp_scale=2.0, N=N)
     xs = jnp.linspace(0.0, 1.0, N)
 
     def run(key, data, progress_bar=False):

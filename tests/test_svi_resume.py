@@ -6,32 +6,23 @@ run that would pass the budget or reuse batch keys never starts."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 import pytest
 from dp_accounting import NeighboringRelation, dp_event
 from dp_accounting.pld import pld_privacy_accountant
-from numpyro.infer import Trace_ELBO
-from numpyro.infer.autoguide import AutoDiagonalNormal
 
 import d3p.random
 from d3p.ledger import BudgetExceededError, PrivacyLedger
-from d3p.svi import DPSVI, Checkpoint, load_checkpoint, save_checkpoint
+from d3p.svi import Checkpoint, load_checkpoint, save_checkpoint
+
+from _normal_mean import normal_mean_svi
 
 N = 200
 Q = 0.05
 XS = jnp.linspace(0.0, 2.0, N)
 
 
-def model(xs, N):
-    mu = numpyro.sample("mu", dist.Normal(0, 10))
-    with numpyro.plate("data", N, subsample_size=xs.shape[0]):
-        numpyro.sample("x", dist.Normal(mu, 1), obs=xs)
-
-
 def _svi(dp_scale=1.0):
-    return DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(),
-                 clipping_threshold=2.0, dp_scale=dp_scale, N=N)
+    return normal_mean_svi(clipping_threshold=2.0, dp_scale=dp_scale, N=N)
 
 
 def _pld_epsilon(sigma, q, steps, delta):
