@@ -241,6 +241,15 @@ def compare(p, params, ref_params, key):
     return pred, distance, ratio
 
 
+def write_rows(output_dir, name, rows):
+    """The table's rows and the command line as JSON in ``output_dir/name``; says where."""
+    os.makedirs(output_dir, exist_ok=True)
+    out = os.path.join(output_dir, name)
+    with open(out, "w") as f:
+        json.dump({"argv": sys.argv, "rows": rows}, f, indent=1, default=float)
+    print(f"wrote {out}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["logreg", "hlogreg", "gmm", "vae"])
@@ -281,11 +290,7 @@ def main(argv=None):
             print(f"| {name} | {fmt(epsilon, 'g') if epsilon else '∞'} | {fit} | {pred:.4f} | "
                   f"{fmt(dist_, '.3f')} | {fmt(ratio, '.2f')} | {fmt(sigmas.get(epsilon), '.3f')} |", flush=True)
         print(f"<!-- {name}: {time.perf_counter() - t0:.0f} s -->", flush=True)
-    os.makedirs(args.output_dir, exist_ok=True)
-    out = os.path.join(args.output_dir, "formulation_accuracy.json")
-    with open(out, "w") as f:
-        json.dump({"argv": sys.argv, "rows": rows}, f, indent=1, default=float)
-    print(f"wrote {out}")
+    write_rows(args.output_dir, "formulation_accuracy.json", rows)
 
 
 if __name__ == "__main__":
