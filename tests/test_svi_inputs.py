@@ -194,7 +194,6 @@ def test_infinite_threshold_only_without_noise():
         (dict(batch_size=None, q=float("nan")), r"q.*nan"),
         (dict(batch_size=None, sampling="poisson", q=0.0), r"q.*0\.0"),
         (dict(batch_size=None, sampling="poisson", q=1.5), r"q.*1\.5"),
-        (dict(batch_size=None), r"batch_size.*q"),  # neither
         (dict(batch_size=5, q=0.1), r"batch_size.*q"),  # both
         (dict(batch_size=5, q=0.1, sampling="poisson"), r"batch_size.*q"),  # both
         (dict(sampling="fixed", relation="add_remove"), r"relation='substitute'"),

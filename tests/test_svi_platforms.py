@@ -102,7 +102,9 @@ def test_lowered_for_cuda_a_run_chunk_loops_over_steps_and_batches_only():
     treedef = jax.tree.structure(((0, 0), {}))
     _, run_chunk = dpsvi._run_cache.steps(dpsvi.update, sampler, d3p.random, treedef, False)
     state = dpsvi.init(d3p.random.PRNGKey(0), *(x[:50] for x in batch))
-    text = jax.jit(run_chunk, static_argnums=4).trace(
-        state, d3p.random.PRNGKey(1), jnp.uint32(0), records, 5).lower(lowering_platforms=("cuda",)).as_text()
+    average = (dpsvi.optim.get_params(state.optim_state), jnp.zeros((), jnp.int32))   # run(average=...)'s mean
+    text = jax.jit(run_chunk, static_argnums=6).trace(
+        state, average, d3p.random.PRNGKey(1), jnp.uint32(0), jnp.uint32(3), records, 5).lower(
+        lowering_platforms=("cuda",)).as_text()
     assert text.count("stablehlo.while") == 1
     assert "callback" not in text
