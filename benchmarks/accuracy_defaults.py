@@ -1,0 +1,204 @@
+"""Accuracy of what ``DPSVI.run(epsilon=...)`` gives by default, against non-private SVI.
+
+For the d3p paper's models the script fits non-private NumPyro SVI to
+convergence (full batch, 4 particles, ``--reference-steps`` Adam steps: the
+reference posterior) and DPSVI at ε = 1 and ε = 8 (Poisson sampling,
+add/remove, δ = 1/N²), 3 seeds, as:
+
+- ``batch B``: the earlier recipe, an explicit expected batch ``B`` (the
+  problem's), no averaging;
+- ``defaults``: no batch size (``run`` takes nearly all of the data at every
+  step, :func:`d3p._run_plan.automatic_q`), no averaging;
+- ``defaults, average 0.5``: the same, the parameters averaged over the last
+  half of the steps (``run(average=0.5)``);
+- the ablation ``defaults, σ = 0``: the same clipping and steps without noise
+  (``epsilon=inf``): what clipping and optimisation alone leave.
+
+Problems (no downloads): ``readme``, the README's logistic regression on
+scikit-learn's breast-cancer data (N = 455, d = 31); ``logreg20k``, generated
+logistic regression (N = 20,000, d = 30); ``hlogreg`` and ``gmm`` as in
+``formulation_accuracy.py``. The same C, step size and number of steps for
+every fit of a problem.
+
+Each row: the posterior mean's error in units of the reference posterior sd
+(mean over coordinates of |μ − μ_ref| / sd_ref), the ratio of posterior sds
+(geometric mean over coordinates), and the held-out log predictive density
+per record against the reference's; means over the seeds. Writes the table
+as JSON and a figure (private vs non-private posterior means ± sd at ε = 1)
+to ``--output-dir``.
+
+Usage::
+
+    python benchmarks/accuracy_defaults.py                      # all problems, 3 seeds
+    python benchmarks/accuracy_defaults.py --problems readme --seeds 1
+"""
+
+import argparse
+import os
+import sys
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from numpyro.infer import SVI, Trace_ELBO
+from scipy.optimize import linear_sum_assignment
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import formulation_accuracy as fa  # noqa: E402
+
+import d3p.random  # noqa: E402
+from d3p._paper_models import logistic_regression_guide, logistic_regression_model  # noqa: E402
+from d3p.svi import DPSVI  # noqa: E402
+
+EPSILONS = (1.0, 8.0)
+
+
+def _readme_problem():
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    order = np.random.default_rng(0).permutation(len(X))
+    n = int(0.8 * len(X))
+    train, test = order[:n], order[n:]
+    X = (X - X[train].mean(0)) / X[train].std(0)
+    X = np.concatenate([X, np.ones((len(X), 1))], axis=1).astype(np.float32)
+    y = y.astype(np.float32)
+    return fa.LogReg("readme", logistic_regression_model, logistic_regression_guide, (X[train], y[train]),
+                     (X[test], y[test]), {}, 64, 2000, 0.01, 1.0)
+
+
+def _logreg20k_problem():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(22000, 30)).astype(np.float32)
+    w = rng.normal(size=30) * 0.5
+    y = (rng.uniform(size=22000) < 1 / (1 + np.exp(-X @ w))).astype(np.float32)
+    return fa.LogReg("logreg20k", logistic_regression_model, logistic_regression_guide, (X[:20000], y[:20000]),
+                     (X[20000:], y[20000:]), {}, 256, 2000, 0.01, 3.0)
+
+
+def problems():
+    made = fa.make_problems()
+    return {"readme": _readme_problem(), "logreg20k": _logreg20k_problem(), "hlogreg": made["hlogreg"],
+            "gmm": made["gmm"]}
+
+
+def reference(p, steps):
+    """Non-private SVI to convergence: full batch, 4 particles."""
+    svi = SVI(p.model, p.guide, numpyro.optim.Adam(p.lr), Trace_ELBO(num_particles=4), N=p.N, **p.shared)
+    return svi.run(jax.random.PRNGKey(0), steps, *(jnp.asarray(x) for x in p.train), progress_bar=False).params
+
+
+def _moments(p, params, ref_params, key):
+    """``(mean, sd, ref_mean, ref_sd)`` of the global latent variables (GMM: components matched)."""
+    post, ref = p.posterior(params, key), p.posterior(ref_params, key)
+    if isinstance(p, fa.GMM):
+        m, r = post.mean(0), ref.mean(0)
+        _, cols = linear_sum_assignment(((r[:, None, :2] - m[None, :, :2]) ** 2).sum(-1))
+        post = post[:, cols]
+        return post.mean(0).ravel(), post.std(0).ravel(), ref.mean(0).ravel(), ref.std(0).ravel()
+    (mean, sd), (ref_mean, ref_sd) = post, ref
+    return mean, sd, ref_mean, ref_sd
+
+
+def figures(p, params, ref_params, key):
+    mean, sd, ref_mean, ref_sd = _moments(p, params, ref_params, key)
+    return {"error_sds": float(np.mean(np.abs(mean - ref_mean) / ref_sd)),
+            "sd_ratio": float(np.exp(np.mean(np.log(sd / ref_sd)))),
+            "predictive": p.predictive(params, key)}
+
+
+FITS = {   # name -> (run's keywords, epsilon override)
+    "batch B": lambda p: dict(batch_size=p.batch_size),
+    "defaults": lambda p: dict(),
+    "defaults, average 0.5": lambda p: dict(average=0.5),
+    "defaults, σ = 0": lambda p: dict(),
+}
+
+
+def fit(p, name, epsilon, seed, cache):
+    if name not in cache:
+        cache[name] = DPSVI(p.model, p.guide, numpyro.optim.Adam(p.lr), Trace_ELBO(), clipping_threshold=p.C,
+                            dp_scale=None, N=p.N, **p.shared)
+    epsilon = float("inf") if name.endswith("σ = 0") else epsilon
+    result = cache[name].run(d3p.random.PRNGKey(seed), p.steps, *p.train, epsilon=epsilon, delta=1.0 / p.N**2,
+                             progress_bar=False, **FITS[name](p))
+    return result
+
+
+def plot(rows_by_problem, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows_by_problem), figsize=(5.5 * len(rows_by_problem), 4.2), squeeze=False)
+    for ax, (name, (ref, fits)) in zip(axes[0], rows_by_problem.items()):
+        order = np.argsort(ref[0])
+        idx = np.arange(len(order))
+        ax.errorbar(idx, ref[0][order], yerr=ref[1][order], fmt="o", ms=3, color="k", label="non-private SVI")
+        for offset, (label, (mean, sd)) in zip((-0.25, 0.25), fits.items()):
+            ax.errorbar(idx + offset, mean[order], yerr=sd[order], fmt="o", ms=3, alpha=0.7, label=label)
+        ax.set_title(f"{name}, ε = 1")
+        ax.set_xlabel("coefficient (sorted by the reference mean)")
+        ax.set_ylabel("posterior mean ± sd")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--problems", nargs="+", default=["readme", "logreg20k", "hlogreg", "gmm"])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--reference-steps", type=int, default=8000)
+    parser.add_argument("--output-dir", default=os.path.join("benchmarks", "output"))
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    print(f"jax {jax.__version__}, numpyro {numpyro.__version__}, backend {jax.default_backend()}", flush=True)
+    print("| problem | ε | fit | q | σ | error (ref. sds) | sd ratio | held-out log pred. (ref.) |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    rows, plotted = [], {}
+    all_problems = problems()
+    for pname in args.problems:
+        p = all_problems[pname]
+        t0 = time.perf_counter()
+        ref = reference(p, args.reference_steps)
+        ref_pred = p.predictive(ref, jax.random.PRNGKey(100))
+        cache = {}
+        for epsilon in EPSILONS:
+            for name in FITS:
+                if name.endswith("σ = 0") and epsilon != EPSILONS[0]:
+                    continue
+                got, last = [], None
+                for seed in range(args.seeds):
+                    last = fit(p, name, epsilon, seed, cache)
+                    got.append(figures(p, last.params, ref, jax.random.PRNGKey(100 + seed)))
+                    if epsilon == 1.0 and seed == 0 and name in ("batch B", "defaults, average 0.5") \
+                            and not isinstance(p, fa.GMM):
+                        mean, sd, ref_mean, ref_sd = _moments(p, last.params, ref, jax.random.PRNGKey(100))
+                        plotted.setdefault(pname, ((ref_mean, ref_sd), {}))[1][name] = (mean, sd)
+                mean_of = lambda k: float(np.mean([g[k] for g in got]))  # noqa: E731
+                row = dict(problem=pname, epsilon=epsilon if not name.endswith("σ = 0") else None, fit=name,
+                           q=last.q, sigma=last.sigma, error_sds=mean_of("error_sds"),
+                           sd_ratio=float(np.exp(np.mean(np.log([g["sd_ratio"] for g in got])))),
+                           predictive=mean_of("predictive"), reference_predictive=ref_pred, seeds=args.seeds,
+                           per_seed=got)
+                rows.append(row)
+                eps_text = "—" if row["epsilon"] is None else f"{epsilon:g}"
+                print(f"| {pname} | {eps_text} | {name} | {last.q:.3g} | {last.sigma:.3g} | "
+                      f"{row['error_sds']:.2f} | {row['sd_ratio']:.2f} | {row['predictive']:.4f} ({ref_pred:.4f}) |",
+                      flush=True)
+        print(f"<!-- {pname}: {time.perf_counter() - t0:.0f} s -->", flush=True)
+    fa.write_rows(args.output_dir, "accuracy_defaults.json", rows)
+    if plotted:
+        png = os.path.join(args.output_dir, "accuracy_defaults.png")
+        plot(plotted, png)
+        print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()
