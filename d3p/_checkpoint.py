@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Optional, Sequence, Union
 import jax
 import numpy as np
 
-from d3p import _validate
+from d3p import _files, _validate
 from d3p._state import DPSVIRunResult, DPSVIState
 from d3p.ledger import PrivacyLedger
 
@@ -76,10 +76,8 @@ def _write(path: Union[str, os.PathLike], state, step: int, ledger: Optional[Pri
     arrays = {f"leaf_{i}": np.asarray(jax.device_get(x)) for i, x in enumerate(leaves)}
     meta = {"format": FORMAT, "version": VERSION, "structure": str(treedef), "step": int(step),
             "num_leaves": len(leaves), "ledger": None if ledger is None else ledger.to_dict()}
-    tmp = os.fspath(path) + ".tmp"
-    with open(tmp, "wb") as f:
-        np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
-    os.replace(tmp, path)
+    # secret (the noise key): a private, exclusively created temporary file, renamed (d3p._files)
+    _files.write_private(path, lambda f: np.savez(f, meta=np.array(json.dumps(meta)), **arrays))
 
 
 def _read(path: Union[str, os.PathLike], like=None) -> Checkpoint:
@@ -106,7 +104,9 @@ def save_checkpoint(path, result_or_state, step: Optional[int] = None,
     """Save a run's state, the step it reached and its privacy ledger to ``path``
     (one ``.npz`` file of arrays and JSON text; nothing is pickled).
 
-    :param path: the file to write (replaced atomically).
+    :param path: the file to write: replaced atomically through a private
+        temporary file in its folder, mode 0600, never through a link
+        (:mod:`d3p._files`).
     :param result_or_state: a :class:`DPSVIRunResult` (its state, and its
         ``start_step + num_steps`` as ``step``) or a :class:`DPSVIState`.
     :param int step: the steps taken (the next batch's index); required with
