@@ -37,8 +37,7 @@ import numpy as np  # noqa: E402
 
 import _common as common  # noqa: E402
 import d3p.random  # noqa: E402
-import d3p.svi  # noqa: E402
-from d3p import audit, gradients  # noqa: E402
+from d3p import _private_step, audit, gradients  # noqa: E402
 
 def _without_noise(real_sum, real_noise):
     """The noise left out."""
@@ -90,9 +89,9 @@ def broken_package(kind: str):
         raise ValueError(f"Expected kind in {tuple(BROKEN)}, got kind={kind!r}.")
     new_sum, new_noise = BROKEN[kind](gradients.clipped_grad_sum, gradients.add_gaussian_noise)
     names = ("clipped_grad_sum", "add_gaussian_noise")
-    saved = [(m, name, getattr(m, name)) for m in (gradients, d3p.svi) for name in names]
+    saved = [(m, name, getattr(m, name)) for m in (gradients, _private_step) for name in names]
     try:
-        for m in (gradients, d3p.svi):
+        for m in (gradients, _private_step):   # the step looks them up in d3p._private_step
             m.clipped_grad_sum, m.add_gaussian_noise = new_sum, new_noise
         yield
     finally:
