@@ -156,7 +156,7 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
     the plan (sampler, accounting, σ), the ledger's check, then the steps at
     the plan's σ, which :func:`_run_steps` takes."""
     num_steps = _validate.integer("num_steps", num_steps, minimum=1)
-    average = _validate_average(average)
+    average = _validate.number("average", average, low=0.0, high=1.0, high_open=True)
     records, treedef, N = _records(args, kwargs, what="data")
     if delta is not None:
         if target_delta is not None:
@@ -222,14 +222,6 @@ def _say(message: str, progress_bar: bool) -> None:
     logging.getLogger("d3p").info(message)
     if progress_bar:
         tqdm.tqdm.write(message, file=sys.stderr)
-
-
-def _validate_average(average) -> float:
-    """``average`` as a float in [0, 1), the share of the run's last steps averaged."""
-    if isinstance(average, bool) or not isinstance(average, (int, float)) or not 0 <= average < 1:
-        raise ValueError(f"Expected average to be a number in [0, 1) (the share of the last steps whose "
-                         f"parameters are averaged; 0: none), got average={average!r}.")
-    return float(average)
 
 
 def _averaging_start(average: float, num_steps: int) -> int:
