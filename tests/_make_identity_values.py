@@ -68,14 +68,27 @@ N, B, REAL = 40, 6, 4
 
 
 def environment() -> dict:
-    """What the recorded bits depend on besides the code: versions, backend, machine."""
+    """What the recorded bits depend on besides the code: versions, backend, machine.
+
+    ``cpu`` names the processor (its model and instruction-set flags, hashed):
+    XLA compiles for the host's processor, so another one may round a value
+    differently in its last bit."""
+    import hashlib
+
     import jaxlib
 
-    flags = pathlib.Path("/proc/cpuinfo").read_text() if pathlib.Path("/proc/cpuinfo").exists() else ""
+    info = pathlib.Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    first = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        first.setdefault(key.strip(), value.strip())
+    cpu = " ".join([first.get("model name", ""), *sorted(first.get("flags", "").split())])
     return {
         "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpyro": numpyro.__version__,
         "numpy": np.__version__, "backend": jax.default_backend(), "machine": platform.machine(),
-        "avx512f": " avx512f" in flags,
+        "avx512f": " avx512f" in first.get("flags", ""),
+        "cpu": hashlib.sha256(cpu.encode()).hexdigest()[:16],
     }
 
 
