@@ -13,10 +13,12 @@ renamed only once everything succeeded: a failure leaves no partial output.
 The input file is only read. Bad input (missing or empty file, unusable
 columns, ε ≤ 0, ...) prints ``d3p twin: error: ...`` to stderr and exits with
 status 2, without a traceback. With a complete ``--schema``, no record can
-cause such an error, a warning or a printed line: the file is read one
-record per line and each record is mapped by the schema's public rules
-(:meth:`d3p.twin.ColumnSpec.encode`); the errors that quote the data's
-values come from schema inference, which reads the data outside (ε, δ).
+cause such an error, a warning or a printed line, nor change the number of
+records: every line after the header is exactly one record, whatever bytes
+it holds (:mod:`d3p.twin._csv_records`), and each record is mapped by the
+schema's public rules (:meth:`d3p.twin.ColumnSpec.encode`); the errors that
+quote the data's values come from schema inference, which reads the data
+outside (ε, δ).
 
 For ``d3p/__main__.py``: ``add_twin_subparser(subparsers)`` (alias
 ``register_twin``, to append to ``COMMANDS``) registers the ``twin``
@@ -232,32 +234,40 @@ def _check_paths(args) -> None:
 def _read_csv(args, schema=None):
     """The input table.
 
-    With a schema (``--schema``), the file is read line by line
-    (:func:`_records_by_line`) and the columns the schema describes
-    completely are read as text, value by value (pandas would type a column
-    by all of its values: one text value turns ``"01"`` from the number 1
-    into the text ``01`` in every other record); :meth:`~d3p.twin.Schema.encode`
-    then reads each value by the schema's public rules. No record can make
-    the read fail, warn or change how another record is read.
+    With a schema (``--schema``), every line after the header is exactly one
+    record, whatever bytes it holds (:mod:`d3p.twin._csv_records`: the file
+    is split at ``\\n`` only, each line into fields on its own), and the
+    columns the schema describes completely are read as text, value by value
+    (pandas would type a column by all of its values: one text value turns
+    ``"01"`` from the number 1 into the text ``01`` in every other record);
+    :meth:`~d3p.twin.Schema.encode` then reads each value by the schema's
+    public rules. No record can make the read fail or warn, change the number
+    of records or change how another record is read.
 
     Without a schema, pandas reads the file as a whole (multi-line quoted
-    fields allowed, column types inferred) and a malformed file is an error
-    that quotes pandas' message: that path reads the data to infer the
-    schema, outside the (epsilon, delta) guarantee.
+    fields allowed, a carriage return outside quotes ends a record, column
+    types inferred) and a malformed file is an error that quotes pandas'
+    message: that path reads the data to infer the schema, outside the
+    (epsilon, delta) guarantee.
     """
-    import io
-
     import pandas as pd
 
+    if schema is not None:
+        from d3p.twin._csv_records import CarriageReturnInHeader, records_frame
+
+        with open(args.input, "rb") as f:
+            content = f.read()
+        as_text = [c.name for c in schema.columns if c.missing_fields() in ([], ["dtype"])]
+        try:
+            frame = records_frame(content, text_columns=as_text, na_values=args.na_values)
+        except CarriageReturnInHeader as e:
+            raise _BadInput(f"input file {args.input!r}: {e}") from None
+        if frame is None:
+            raise _BadInput(f"input file {args.input!r} is empty (no header row)")
+        return frame
     # low_memory=False: pandas would otherwise type a column chunk by chunk and
     # warn (DtypeWarning) when one record makes the chunks' types differ
     options = dict(na_values=args.na_values, low_memory=False)
-    if schema is not None:
-        text = _records_by_line(args.input)
-        if text is None:
-            raise _BadInput(f"input file {args.input!r} is empty (no header row)")
-        as_text = {c.name: str for c in schema.columns if c.missing_fields() in ([], ["dtype"])}
-        return pd.read_csv(io.StringIO(text), skip_blank_lines=False, dtype=as_text, **options)
     try:
         return pd.read_csv(args.input, skipinitialspace=True, **options)
     except pd.errors.EmptyDataError:
@@ -266,54 +276,6 @@ def _read_csv(args, schema=None):
         raise _BadInput(f"could not parse {args.input!r} as CSV: {str(e).strip()}") from None
     except UnicodeDecodeError:
         raise _BadInput(f"input file {args.input!r} is not UTF-8 text") from None
-
-
-def _records_by_line(path: str) -> Optional[str]:
-    """The CSV file at ``path`` rewritten as well-formed CSV, one record per
-    line of the input; None if it has no header line.
-
-    Each rule reads one line only, so that no record can change how another
-    is read, make the read fail, or change the number of records: the text
-    is decoded as UTF-8 with invalid bytes replaced (U+FFFD), a leading BOM
-    dropped; the lines are split at ``\\n`` (a ``\\r`` before it is dropped; a
-    final newline ends the last line); the first line that is not blank is
-    the header; NUL characters become U+FFFD; a line is split into fields by
-    CSV quoting rules within that line (blanks after a comma skipped; a quote
-    that is not closed ends at the end of the line); a line with more fields
-    than the header keeps the first ones, one with fewer is padded with empty
-    (missing) fields; a blank line is a record with every value missing.
-    """
-    import csv
-    import io
-
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
-        lines = f.read().split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the newline that ends the last line
-    while lines and not lines[0].strip():
-        lines.pop(0)  # blank lines before the header (no record comes before it)
-    if not lines:
-        return None
-    header = _fields(lines[0].removesuffix("\r"))
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header)
-    width = len(header)
-    for line in lines[1:]:
-        fields = _fields(line.removesuffix("\r"))[:width]
-        writer.writerow(fields + [""] * (width - len(fields)))
-    return out.getvalue()
-
-
-def _fields(line: str) -> List[str]:
-    """The fields of one CSV line (see :func:`_records_by_line`)."""
-    import csv
-
-    line = line.replace("\0", "\ufffd")
-    try:
-        return next(csv.reader([line], skipinitialspace=True), [])
-    except csv.Error:  # e.g. a field over the csv module's size limit: split at every comma
-        return [f.lstrip(" ") for f in line.split(",")]
 
 
 def main_twin(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser] = None) -> int:
