@@ -2,12 +2,12 @@
 arguments (every argument is per-record data), and the dependency walk on a
 jaxpr that proves the observation scale a public constant."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
+
+from d3p import _inputs
 
 
 #: How the data-validation errors say where shared values belong.
@@ -18,27 +18,6 @@ _SHARED_VALUES_HINT = (
 )
 
 
-def _is_number_sequence(x) -> bool:
-    """True for a non-empty plain list or tuple (not a namedtuple) of numbers or
-    strings, possibly nested: one column (or table) of data, rows first."""
-    return (
-        type(x) in (list, tuple)
-        and len(x) > 0
-        and all(isinstance(e, (int, float, complex, str, bytes, np.generic)) or _is_number_sequence(e)
-                for e in x)
-    )
-
-
-def _as_array(x):
-    """``x`` as an array if it is a column or table of data held in something
-    other than an array (a list of numbers, a pandas object, ...); else ``x``."""
-    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        return x
-    if _is_number_sequence(x) or (hasattr(x, "__array__") and hasattr(x, "shape")):
-        return np.asarray(x)
-    return x
-
-
 def _leaf_name(path) -> str:
     """``args[i]...`` or ``'key'...`` for a path into ``(args, kwargs)``."""
     head, rest = path[1], path[2:]
@@ -46,15 +25,22 @@ def _leaf_name(path) -> str:
     return name + "".join(str(p) for p in rest)
 
 
+#: Arrays refused for their dtype, by kind: the item size of a NumPy text
+#: dtype (``<U30``) is the length of the longest text NumPy saw, so it is
+#: never named.
+_NON_NUMERIC = {"O": "Python objects (dtype object)", "U": "text (a NumPy str dtype)",
+                "S": "bytes (a NumPy bytes dtype)", "V": "raw or structured records (a NumPy void dtype)"}
+
+
 def _check_record_leaf(name: str, x):
     """Raise unless ``x`` is an array of numbers or booleans with a leading
     (records) dimension."""
     if isinstance(x, (bool, int, float, complex, np.generic)) or (
         isinstance(x, (jax.Array, np.ndarray)) and np.ndim(x) == 0
-    ):
+    ):   # named by its type only: the message never quotes a value
         raise ValueError(
-            f"Expected {name} to be an array with one row per record, got the scalar "
-            f"{name}={x!r}. {_SHARED_VALUES_HINT}"
+            f"Expected {name} to be an array with one row per record, got a scalar "
+            f"({type(x).__name__}). {_SHARED_VALUES_HINT}"
         )
     if not isinstance(x, (jax.Array, np.ndarray)):
         raise TypeError(
@@ -63,26 +49,31 @@ def _check_record_leaf(name: str, x):
         )
     if not (jnp.issubdtype(x.dtype, jnp.number) or jnp.issubdtype(x.dtype, jnp.bool_)):
         raise TypeError(
-            f"Expected {name} to hold numbers or booleans, got dtype {x.dtype}. Convert "
-            "categorical or text columns to numbers first (e.g. pandas' "
-            "`df.to_numpy(dtype=float)` or category codes)."
+            f"Expected {name} to hold numbers or booleans, got an array of "
+            f"{_NON_NUMERIC.get(x.dtype.kind, 'dtype ' + str(x.dtype))}. Convert categorical "
+            "or text columns to numbers first (e.g. category codes), as an array of a numeric dtype."
         )
 
 
 def _records(args, kwargs, *, expected_size=None, what="batch"):
     """The per-record data of ``(args, kwargs)``: ``(leaves, treedef, size)``.
 
-    Every leaf is per-record: lists or tuples of numbers and pandas (or other
-    array-like) objects are converted with ``np.asarray``, their rows the
-    records; lists, tuples and dicts holding arrays are pytree containers. Each
-    leaf must be a numeric or boolean array whose leading dimension is the
-    number of records, the same for all (``expected_size`` if given). Scalars
-    and other objects are refused with an error naming the argument: nothing
-    is treated as shared by the records. The caller's data is never modified.
+    Every leaf is per-record, converted by the fixed rule of
+    :mod:`d3p._inputs` (no record's value chooses a dtype, a shape or an
+    error): arrays keep their own dtype (canonicalised as JAX does); a plain
+    list or tuple of records is one column and every pandas column becomes
+    JAX's default float dtype, element by element (NaN for an element that is
+    not a real number); lists, tuples and dicts holding arrays are pytree
+    containers. Each leaf must be a numeric or boolean array whose leading
+    dimension is the number of records, the same for all (``expected_size``
+    if given). Scalars and other objects are refused with an error naming the
+    argument and its type, never a value: nothing is treated as shared by the
+    records. The caller's data is never modified.
     ``jax.tree.unflatten(treedef, leaves)`` gives the (converted) ``(args, kwargs)``.
     """
     def convert(arg):
-        return jax.tree.map(_as_array, arg, is_leaf=_is_number_sequence)
+        return jax.tree.map(_inputs.as_records_array, arg,
+                            is_leaf=lambda x: _inputs.is_column(x) or _inputs.is_pandas(x))
 
     converted = (tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()})
     paths, treedef = jax.tree_util.tree_flatten_with_path(converted)

@@ -338,10 +338,13 @@ class DPSVI(SVI):
 
         :param DPSVIState svi_state: current state.
         :param args: the batch: arrays with one row per record (leading
-            dimension ``B``, real and padded records). Lists or tuples of
-            numbers and pandas objects are converted with ``np.asarray``, rows
-            as records; non-numeric data raise ``TypeError``. The caller's
-            data is never modified.
+            dimension ``B``, real and padded records). Arrays keep their
+            dtype; a plain list or tuple is one column (one value per record)
+            and every pandas column becomes JAX's default float dtype,
+            element by element, an element that is not a real number NaN (no
+            value chooses a dtype or an error; docs/privacy.md, "Input data
+            and their dtypes"). Arrays of text or objects raise ``TypeError``.
+            The caller's data is never modified.
         :param mask: optional boolean array ``(B,)`` (or one boolean for the
             whole batch, as d3p 0.2 accepted), True for real records
             (e.g. from :func:`d3p.minibatch.poisson_batchify_data`).
@@ -383,8 +386,8 @@ class DPSVI(SVI):
         NOT private: it is computed from the un-noised data.
 
         :param DPSVIState svi_state: current state.
-        :param args: per-record data, as for :meth:`update` (lists, tuples of
-            numbers and pandas objects converted, scalars refused).
+        :param args: per-record data, as for :meth:`update` (lists, tuples
+            and pandas objects converted by the same rule, scalars refused).
         :param kwargs: per-record keyword data, as for :meth:`update`.
         """
         check_state(svi_state)
