@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import d3p.random
-from d3p import _validate
+from d3p import _inputs, _validate
 from d3p._samplers import (
     FixedSizeSampler,
     PoissonSampler,
@@ -76,8 +76,9 @@ def _check_dataset(dataset: Dataset) -> Tuple[Tuple[jax.Array, ...], bool, int]:
         )
     if lengths[0] == 0:
         raise ValueError("Expected a non-empty dataset, got N=0 records.")
-    # jnp.asarray copies host arrays to the device; the user's arrays are never modified
-    arrays = tuple(jnp.asarray(x) for x in arrays)
+    # converted by a rule that reads no value (d3p._inputs), copied to the
+    # device; the user's arrays are never modified
+    arrays = tuple(jnp.asarray(_inputs.as_records_array(x)) for x in arrays)
     return arrays, single, int(lengths[0])
 
 
@@ -144,8 +145,8 @@ def take_batch(dataset: Dataset, indices: jax.typing.ArrayLike):
     :return: the gathered array for a single array, otherwise a tuple of gathered arrays.
     """
     if isinstance(dataset, (tuple, list)):
-        return tuple(jnp.take(jnp.asarray(x), indices, axis=0) for x in dataset)
-    return jnp.take(jnp.asarray(dataset), indices, axis=0)
+        return tuple(jnp.take(jnp.asarray(_inputs.as_records_array(x)), indices, axis=0) for x in dataset)
+    return jnp.take(jnp.asarray(_inputs.as_records_array(dataset)), indices, axis=0)
 
 
 def _make_batchify(arrays, single, sampler, rng_suite, num_batches, with_mask):

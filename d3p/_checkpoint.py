@@ -6,6 +6,7 @@ one JSON text only). :func:`save_checkpoint`, :func:`load_checkpoint` and
 
 import json
 import os
+import secrets
 from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import jax
@@ -13,12 +14,15 @@ import numpy as np
 
 from d3p import _files, _validate
 from d3p._state import DPSVIRunResult, DPSVIState
-from d3p.ledger import PrivacyLedger
+from d3p.ledger import PrivacyLedger, release_from_dict, release_to_dict
 
 #: The ``format`` field of a checkpoint's metadata.
 FORMAT = "d3p.checkpoint"
-#: The version of the checkpoint format that :func:`load_checkpoint` reads.
-VERSION = 1
+#: The versions of the checkpoint format that :func:`load_checkpoint` reads
+#: (2 adds the checkpoint's ``id`` and the ``continued`` runs).
+VERSIONS = (1, 2)
+#: The version :func:`save_checkpoint` writes.
+VERSION = 2
 
 
 class Checkpoint(NamedTuple):
@@ -28,6 +32,13 @@ class Checkpoint(NamedTuple):
     run rebuilds the state's structure from the data's shapes, fills in the
     saved arrays, continues the batch keys at ``step`` and records its steps
     in ``ledger`` (unless another ledger is passed).
+
+    A checkpoint is continued once per ``rng_key`` and step: before it reads
+    any data, :meth:`~d3p.svi.DPSVI.run` records the continuation in the
+    checkpoint (and in its file, if it was read from one that still holds it)
+    and refuses one that would repeat the key's steps of an earlier
+    continuation, whose batches and noise would be the same (see
+    :func:`continue_from`).
     """
 
     state: Any
@@ -40,7 +51,17 @@ class Checkpoint(NamedTuple):
     step: int
     """The steps taken: the index of the next batch in the run's stream of batch keys."""
     ledger: Optional[PrivacyLedger]
-    """The privacy ledger saved with it (None: none was)."""
+    """The privacy ledger saved with it (None: none was), with the runs
+    continued from it already recorded."""
+    path: Optional[str] = None
+    """The file it was read from (None: not read from a file)."""
+    id: Optional[str] = None
+    """A random name given when it was saved (None: a version 1 file), so that
+    a continuation is recorded in the file only while the file holds this checkpoint."""
+    continued: Optional[list] = None
+    """The runs continued from it (ledger records, as
+    :meth:`d3p.ledger.PrivacyLedger.to_dict` writes them), shared by its
+    copies; None: none yet."""
 
     def into(self, like) -> Any:
         """The saved arrays in the structure of ``like`` (a state of the same
@@ -73,30 +94,94 @@ def _like(saved: np.ndarray, now):
 def _write(path: Union[str, os.PathLike], state, step: int, ledger: Optional[PrivacyLedger] = None) -> None:
     """Write the checkpoint file of :func:`save_checkpoint` (checked arguments)."""
     leaves, treedef = jax.tree.flatten(state)
-    arrays = {f"leaf_{i}": np.asarray(jax.device_get(x)) for i, x in enumerate(leaves)}
+    arrays = [np.asarray(jax.device_get(x)) for x in leaves]
     meta = {"format": FORMAT, "version": VERSION, "structure": str(treedef), "step": int(step),
-            "num_leaves": len(leaves), "ledger": None if ledger is None else ledger.to_dict()}
-    # secret (the noise key): a private, exclusively created temporary file, renamed (d3p._files)
-    _files.write_private(path, lambda f: np.savez(f, meta=np.array(json.dumps(meta)), **arrays))
+            "num_leaves": len(leaves), "ledger": None if ledger is None else ledger.to_dict(),
+            "id": secrets.token_hex(16), "continued": []}
+    _write_file(path, meta, arrays)
 
 
-def _read(path: Union[str, os.PathLike], like=None) -> Checkpoint:
-    """Read the checkpoint file of :func:`load_checkpoint`."""
+def _write_file(path, meta: dict, arrays: Sequence[np.ndarray]) -> None:
+    """The file of ``meta`` and ``arrays``: private (the parameters, the state),
+    through an exclusively created temporary file, renamed (d3p._files)."""
+    leaves = {f"leaf_{i}": x for i, x in enumerate(arrays)}
+    _files.write_private(path, lambda f: np.savez(f, meta=np.array(json.dumps(meta)), **leaves))
+
+
+def _read_file(path) -> tuple:
+    """``(meta, leaves)`` of the checkpoint file at ``path``, checked."""
     with np.load(path, allow_pickle=False) as data:
         try:
             meta = json.loads(str(data["meta"]))
         except KeyError:
             raise ValueError(f"Expected a d3p checkpoint at path={os.fspath(path)!r}: it has no metadata.") from None
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        if meta.get("format") != FORMAT or meta.get("version") not in VERSIONS:
             raise ValueError(
-                f"Expected a d3p checkpoint of version {VERSION} at path={os.fspath(path)!r}, got "
-                f"format={meta.get('format')!r}, version={meta.get('version')!r}.")
+                f"Expected a d3p checkpoint of version {' or '.join(map(str, VERSIONS))} at "
+                f"path={os.fspath(path)!r}, got format={meta.get('format')!r}, version={meta.get('version')!r}.")
         leaves = [data[f"leaf_{i}"] for i in range(meta["num_leaves"])]
+    return meta, leaves
+
+
+def _read(path: Union[str, os.PathLike], like=None) -> Checkpoint:
+    """Read the checkpoint file of :func:`load_checkpoint`."""
+    meta, leaves = _read_file(path)
     ledger = None if meta["ledger"] is None else PrivacyLedger.from_dict(meta["ledger"])
-    checkpoint = Checkpoint(None, leaves, meta["structure"], int(meta["step"]), ledger)
+    continued = list(meta.get("continued", []))
+    if ledger is not None:   # what was released from this checkpoint since it was saved
+        for release in _releases(continued):
+            ledger._add_recorded(release)
+    checkpoint = Checkpoint(None, leaves, meta["structure"], int(meta["step"]), ledger,
+                            os.path.abspath(os.fspath(path)), meta.get("id"), continued)
     if like is not None:
         checkpoint = checkpoint._replace(state=checkpoint.into(like))
     return checkpoint
+
+
+def _releases(continued: Sequence[dict]) -> list:
+    """The ledger records of the runs ``continued`` from a checkpoint."""
+    return [release_from_dict(item, f"continued[{i}]") for i, item in enumerate(continued)]
+
+
+def continue_from(checkpoint: Checkpoint, release) -> Checkpoint:
+    """Record in ``checkpoint`` that a run continues from it with ``release``
+    (a :class:`d3p.ledger.GaussianSteps` with its batch key's fingerprint),
+    before the run reads any data; refuse one that repeats steps of an
+    earlier continuation with the same key.
+
+    A run's batches and noise come from its ``rng_key`` and the step index
+    alone, so two runs from one checkpoint with the same key and steps would
+    add the same noise: on neighbouring data sets (one refreshed between the
+    two runs) their difference would be free of noise. The record is kept in
+    the checkpoint object (shared by its copies) and, if the checkpoint was
+    read from a file that still holds it, in that file, so that loading it
+    again sees it. Returns the checkpoint with the record."""
+    continued = checkpoint.continued if checkpoint.continued is not None else []
+    meta = leaves = None
+    if checkpoint.path is not None and checkpoint.id is not None and os.path.exists(checkpoint.path):
+        meta, leaves = _read_file(checkpoint.path)
+        if meta.get("id") != checkpoint.id:
+            meta = None   # the file now holds another checkpoint: this one lives on in memory only
+        else:
+            for record in meta.get("continued", []):
+                if record not in continued:
+                    continued.append(record)
+    for earlier in _releases(continued):
+        if earlier.key is not None and earlier.key == release.key \
+                and release.first_step < earlier.first_step + earlier.num_steps \
+                and earlier.first_step < release.first_step + release.num_steps:
+            raise ValueError(
+                f"Expected a new rng_key or later steps to continue this checkpoint: it was already continued "
+                f"with this rng_key at steps {earlier.first_step} to {earlier.first_step + earlier.num_steps - 1}, "
+                f"and steps {release.first_step} to {release.first_step + release.num_steps - 1} would draw "
+                "the same batches and the same noise again (on data that changed in between, their difference "
+                "would be free of noise). A new rng_key draws independent batches and noise; nothing was run.")
+    record = release_to_dict(release)
+    continued.append(record)
+    if meta is not None:
+        meta["continued"] = continued
+        _write_file(checkpoint.path, meta, leaves)
+    return checkpoint._replace(continued=continued)
 
 
 def save_checkpoint(path, result_or_state, step: Optional[int] = None,
@@ -113,11 +198,15 @@ def save_checkpoint(path, result_or_state, step: Optional[int] = None,
         a state, checked against a result's.
     :param PrivacyLedger ledger: the ledger to save with it (optional).
 
-    The file holds the optimizer state (the parameters), the PRNG key of the
-    next step's noise and the step index: secret, as the noise must be; keep
-    it where the data is kept. Continue with
+    The file holds the optimizer state (the parameters, released only as the
+    run releases them), the step index, the ledger and a record of the runs
+    continued from it; keep it where the data is kept. It holds no key that a
+    run's noise comes from: :meth:`DPSVI.run` draws step ``i``'s noise from
+    its ``rng_key`` and ``i``. Continue with
     ``svi.run(rng_key, more_steps, *data, init_state=load_checkpoint(path), ...)``
-    and the same ``rng_key`` (see :meth:`DPSVI.run`).
+    and the same ``rng_key`` (see :meth:`DPSVI.run`); the run records itself
+    in the file before it reads data, and a second continuation of the file
+    with the same key and steps is refused (see :class:`Checkpoint`).
     """
     if isinstance(result_or_state, DPSVIRunResult):
         done = int((result_or_state.start_step or 0) + result_or_state.num_steps)
@@ -145,6 +234,8 @@ def load_checkpoint(path, like: Optional[DPSVIState] = None) -> Checkpoint:
         optimizer, into whose structure the saved arrays are put
         (``checkpoint.state``); without it, :meth:`DPSVI.run` does that when
         given the checkpoint as ``init_state``.
-    :return: :class:`Checkpoint` ``(state, leaves, structure, step, ledger)``.
+    :return: :class:`Checkpoint` ``(state, leaves, structure, step, ledger,
+        path, id, continued)``; the runs already continued from the file are
+        recorded in its ``ledger``.
     """
     return _read(path, like)

@@ -16,7 +16,7 @@ import tqdm
 from jax import lax
 
 from d3p import _init_state, _model_facts, _private_step, _run_plan, _sharding, _validate, minibatch
-from d3p._checkpoint import Checkpoint
+from d3p._checkpoint import Checkpoint, continue_from
 from d3p._public_init import public_records
 from d3p._records import _records
 from d3p._state import check_state
@@ -43,19 +43,26 @@ def _batch_gatherer(sampler, rng_suite, treedef):
     return gather
 
 
-def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_params):
-    """``run_chunk(svi_state, average, batch_key, start, average_from, data, length)
+def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_params, fold_in):
+    """``run_chunk(svi_state, average, keys, start, average_from, data, length)
     -> (svi_state, average, losses, ok)``: ``length`` steps of ``update`` from
     step ``start`` on, in one jitted ``lax.scan`` (one compilation per
     ``length`` and data shapes; the keys, the data and ``average_from`` are
-    arguments, so the compiled program serves every run); ``average``:
+    arguments, so the compiled program serves every run). ``keys``:
+    ``(batch_key, step_key)``; step ``i`` draws its batch with
+    ``fold_in(batch_key, i)`` and its noise and Monte Carlo draws from
+    ``fold_in(step_key, i)`` (:func:`step_keys`), never from the state's key,
+    so that two releases share noise only if they share the run's key and a
+    step, which the ledger and a checkpoint refuse. ``average``:
     ``(mean, count)``, the running mean of the optimizer's parameters after
     each step ``>= average_from`` and their number (:func:`_averaged`);
     ``ok``: whether every batch was drawn (see :func:`_batch_gatherer`)."""
 
-    def body_fn(carry, batch_key, i, average_from, data):
+    def body_fn(carry, keys, i, average_from, data):
         svi_state, average, ok = carry
+        batch_key, step_key = keys
         a, k, mask, batch_ok = gather(batch_key, data, i)
+        svi_state = svi_state._replace(rng_key=fold_in(step_key, i))
         svi_state, loss = update(
             svi_state, *a, mask=mask, expected_batch_size=expected_batch_size,
             forward_mode_differentiation=forward_mode, **k,
@@ -64,10 +71,10 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
         return (svi_state, average, ok & batch_ok), loss
 
     @functools.partial(jax.jit, static_argnums=6)
-    def run_chunk(svi_state, average, batch_key, start, average_from, data, length):
+    def run_chunk(svi_state, average, keys, start, average_from, data, length):
         steps = start + jnp.arange(length, dtype=jnp.uint32)
         (svi_state, average, ok), losses = lax.scan(
-            lambda c, i: body_fn(c, batch_key, i, average_from, data), (svi_state, average, jnp.bool_(True)),
+            lambda c, i: body_fn(c, keys, i, average_from, data), (svi_state, average, jnp.bool_(True)),
             steps)
         return svi_state, average, losses, ok
 
@@ -101,7 +108,7 @@ class _RunCache:
             gather = _batch_gatherer(sampler, rng_suite, treedef)
             self._chunks[key] = (
                 gather, _compiled_chunks(update, gather, sampler.expected_batch_size, forward_mode,
-                                         update.__self__.optim.get_params))
+                                         update.__self__.optim.get_params, rng_suite.fold_in))
         return self._chunks[key]
 
 
@@ -113,8 +120,25 @@ def _require_batches(ok, sampler, values):
     return minibatch._require(ok, values, minibatch._failure_message(repr(sampler)))
 
 
-def _run_with_progress_bar(run_chunk, svi_state, average, records, num_steps, plan, start=0):
-    """All steps of :meth:`DPSVI.run` with a tqdm bar showing the loss and ε.
+def _epsilon_text(svi, plan, N, start_step, fingerprint, ledger):
+    """``text(done)``: the ε the progress bar shows after ``done`` steps: this
+    run's, and with a ledger that holds earlier releases (a resumed training)
+    the total the ledger composes with them, at the same δ."""
+    delta = plan.target_delta
+    if ledger is None or not len(ledger):
+        return lambda done: f"ε ≤ {plan.tracker.epsilon(done):.3g} (δ={delta:.2g})"
+
+    def text(done):
+        part = _run_plan.release(svi, plan, N, done, start_step, fingerprint)
+        total = ledger._epsilon(tuple(ledger.releases) + (part,), delta)
+        return f"ε ≤ {total:.3g} in total, {plan.tracker.epsilon(done):.3g} this run (δ={delta:.2g})"
+
+    return text
+
+
+def _run_with_progress_bar(run_chunk, svi_state, average, records, num_steps, epsilon_text, start=0):
+    """All steps of :meth:`DPSVI.run` with a tqdm bar showing the loss and
+    ε (``epsilon_text(done)``, :func:`_epsilon_text`).
 
     Steps run in compiled chunks of about 5% of the run (``lax.scan``, as
     without the bar; at most two chunk lengths are compiled), the bar
@@ -135,7 +159,7 @@ def _run_with_progress_bar(run_chunk, svi_state, average, records, num_steps, pl
             recent = recent[recent == recent]
             avg = float(recent.mean()) if recent.size else float("nan")
             bar.set_postfix_str(
-                f"avg. loss (not private): {avg:.4g}, ε ≤ {plan.tracker.epsilon(done):.3g} (δ={plan.target_delta:.2g})",
+                f"avg. loss (not private): {avg:.4g}, {epsilon_text(done)}",
                 refresh=False,
             )
             bar.update(length)
@@ -177,17 +201,20 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
     svi.dp_scale = plan.sigma   # for this run's steps (the compiled steps are kept per σ); restored below
     try:
         _sharding.check_same_in_every_process("rng_key", rng_key)
-        init_key, batch_key = svi.rng_suite.split(rng_key, 2)
-        fingerprint = key_fingerprint(batch_key) if ledger is not None else None
+        init_key, batch_key, step_key = step_keys(svi.rng_suite, rng_key)
+        fingerprint = key_fingerprint(batch_key) if ledger is not None or checkpoint is not None else None
         if start_step is None:
             start_step = ledger.steps_taken(fingerprint) if ledger is not None else 0
         start_step = _validate.integer("start_step", start_step, minimum=0, maximum=2**32 - num_steps)
         release = None
-        if ledger is not None:   # refused here, before any step, if it would pass the budget
+        if fingerprint is not None:   # refused here, before any step and data
             release = _run_plan.release(svi, plan, N, num_steps, start_step, fingerprint)
+        if ledger is not None:   # if it would pass the budget or repeat the key's steps
             ledger.check(release)
+        if checkpoint is not None:   # if it would repeat an earlier continuation's key and steps
+            checkpoint = continue_from(checkpoint, release)
         # with a mesh: the data set whole on every device, each taking its shard of every batch
-        records, batch_key = _private_step.replicated(svi, records, batch_key)
+        records, batch_key, step_key = _private_step.replicated(svi, records, batch_key, step_key)
         update = svi.stable_update if stable_update else svi.update
         gather, run_chunk = svi._run_cache.steps(update, plan.sampler, svi.rng_suite, treedef, forward_mode,
                                                  (_run_layout(svi), plan.sigma))
@@ -198,23 +225,35 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         average_from = jnp.uint32(start_step + _averaging_start(average, num_steps))
 
         def run_steps(svi_state, average, start, data, length):
-            svi_state, average, losses, ok = run_chunk(svi_state, average, batch_key, start, average_from, data,
-                                                       length)
+            svi_state, average, losses, ok = run_chunk(svi_state, average, (batch_key, step_key), start,
+                                                       average_from, data, length)
             return _require_batches(ok, plan.sampler, (svi_state, average, losses))
 
         mean = (svi.optim.get_params(svi_state.optim_state), jnp.zeros((), jnp.int32))
         if progress_bar:
-            svi_state, mean, losses = _run_with_progress_bar(run_steps, svi_state, mean, records, num_steps, plan,
-                                                             start_step)
+            epsilon_text = _epsilon_text(svi, plan, N, start_step, fingerprint, ledger)
+            svi_state, mean, losses = _run_with_progress_bar(run_steps, svi_state, mean, records, num_steps,
+                                                             epsilon_text, start_step)
         else:
             svi_state, mean, losses = run_steps(svi_state, mean, jnp.uint32(start_step), records, num_steps)
+        params = svi.constrain_fn(mean[0]) if average else None
+        result = _run_plan.run_result(svi, svi_state, losses, plan, N, num_steps, start_step, params=params,
+                                      averaged_steps=int(mean[1]) if average else 0)
         if ledger is not None:
             ledger.record(release)
-        params = svi.constrain_fn(mean[0]) if average else None
-        return _run_plan.run_result(svi, svi_state, losses, plan, N, num_steps, start_step, params=params,
-                                    averaged_steps=int(mean[1]) if average else 0)
+            result.total_epsilon = ledger.epsilon(result.delta) if result.delta < 1 else math.inf
+        return result
     finally:
         svi.dp_scale = given
+
+
+def step_keys(rng_suite, rng_key):
+    """``(init_key, batch_key, step_key)`` of a run with ``rng_key``: the
+    initial state's key, the root of the batches' keys and the root of the
+    steps' own keys (noise and Monte Carlo draws; ``fold_in(init_key, 1)``,
+    independent of the keys that ``split`` gives)."""
+    init_key, batch_key = rng_suite.split(rng_key, 2)
+    return init_key, batch_key, rng_suite.fold_in(init_key, 1)
 
 
 def _say(message: str, progress_bar: bool) -> None:

@@ -73,7 +73,7 @@ _PRIVACY_FIELD = functools.partial(dataclasses.field, default=None, kw_only=True
     jax.tree_util.register_dataclass,
     data_fields=["params", "state", "losses"],
     meta_fields=["epsilon", "delta", "relation", "sampler", "sigma", "q", "num_steps", "start_step",
-                 "averaged_steps"],
+                 "averaged_steps", "total_epsilon"],
 )
 @dataclasses.dataclass(eq=False)
 class DPSVIRunResult:
@@ -94,7 +94,8 @@ class DPSVIRunResult:
       (post-processing: as private as the steps it averages).
     - **state** - the final :class:`DPSVIState`.
     - **losses** - the loss of every step; NOT private.
-    - **epsilon** - ε of the run at ``delta``, for its sampler and relation.
+    - **epsilon** - ε of this run's steps at ``delta``, for its sampler and
+      relation: this release's own share.
     - **delta** - δ of the guarantee: the target δ plus, under Poisson
       sampling, the probability that a batch overflowed its padded size.
     - **relation** - ``"add_remove"`` or ``"substitute"``.
@@ -104,13 +105,17 @@ class DPSVIRunResult:
       together (the gradient's own multiplier is
       :meth:`AdaptiveClipping.gradient_sigma` of it and the count noise).
     - **q** - the sampling probability of each record per step.
-    - **num_steps** - the number of steps (ε covers these steps only; a
-      :class:`d3p.ledger.PrivacyLedger` given to ``run`` holds the total).
+    - **num_steps** - the number of steps (``epsilon`` covers these steps only).
     - **start_step** - the index of the run's first step in the stream of
       batch keys (see ``run``'s ``start_step``); ``start_step + num_steps`` is
       where a continued run starts.
     - **averaged_steps** - the number of steps whose parameters ``params``
       averages (0: ``params`` are the final state's).
+    - **total_epsilon** - with a ledger (``run``'s ``ledger``, or a
+      checkpoint's): ε at the same ``delta`` of everything the ledger holds
+      after this run, its earlier releases (e.g. the parts of a resumed
+      training) and this run composed: the figure that covers the released
+      parameters. None without a ledger.
     """
 
     params: Any
@@ -125,6 +130,7 @@ class DPSVIRunResult:
     num_steps: Optional[int] = _PRIVACY_FIELD()
     start_step: Optional[int] = _PRIVACY_FIELD()
     averaged_steps: Optional[int] = _PRIVACY_FIELD()
+    total_epsilon: Optional[float] = _PRIVACY_FIELD()
 
     def _triple(self) -> tuple:
         return (self.params, self.state, self.losses)

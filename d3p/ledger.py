@@ -403,7 +403,7 @@ class PrivacyLedger:
                             f"Expected the steps of {r.what!r} (first_step={r.first_step}, {r.num_steps} steps) "
                             f"not to reuse the batch keys of {s.what!r} (steps {s.first_step} to "
                             f"{s.first_step + s.num_steps - 1} with the same rng_key): its batches would not be "
-                            "independent of the earlier ones. Continue with start_step="
+                            "independent of the earlier ones, and its noise would be the same. Continue with start_step="
                             f"{self.steps_taken(r.key)}, or use a new rng_key.")
                 seen.append(r)
         return checked
@@ -469,11 +469,7 @@ class PrivacyLedger:
 
     def to_dict(self) -> dict:
         """The ledger as JSON-ready data (``format``, ``version``, settings, releases)."""
-        releases = []
-        for r in self._releases:
-            item = {"kind": _KIND_OF[type(r)]}
-            item.update({k: _encode(v) for k, v in r._asdict().items()})
-            releases.append(item)
+        releases = [release_to_dict(r) for r in self._releases]
         return {"format": FORMAT, "version": VERSION,
                 "relation": None if self._relation is None else str(self._relation),
                 "budget_epsilon": _encode(self.budget_epsilon), "budget_delta": self.budget_delta,
@@ -490,15 +486,16 @@ class PrivacyLedger:
         ledger = cls(data.get("relation"), budget_epsilon=_decode(data.get("budget_epsilon")),
                      budget_delta=data.get("budget_delta"), accountant=data.get("accountant", "fourier"))
         for i, item in enumerate(data.get("releases", [])):
-            kind = _KINDS.get(item.get("kind")) if isinstance(item, dict) else None
-            if kind is None:
-                raise ValueError(f"Expected releases[{i}] to have a kind in {sorted(_KINDS)}, got {item!r}.")
-            fields = {k: _decode(item[k]) for k in kind._fields if k in item}
-            (checked,) = ledger._admissible([kind(**fields)])   # loaded as it was: the budget is not re-checked
-            if ledger._relation is None:
-                ledger._relation = Relation(checked.relation)
-            ledger._releases.append(checked)
+            ledger._add_recorded(release_from_dict(item, f"releases[{i}]"))
         return ledger
+
+    def _add_recorded(self, release: Release) -> None:
+        """Add a release made earlier (loaded as it was: the budget is not
+        checked again; the relation and batch keys are)."""
+        (checked,) = self._admissible([release])
+        if self._relation is None:
+            self._relation = Relation(checked.relation)
+        self._releases.append(checked)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Write the ledger to ``path`` as JSON."""
@@ -511,6 +508,21 @@ class PrivacyLedger:
         """The ledger saved at ``path`` by :meth:`save`."""
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))
+
+
+def release_to_dict(release: Release) -> dict:
+    """A release as JSON-ready data (its ``kind`` and fields), as :meth:`PrivacyLedger.to_dict` writes it."""
+    item = {"kind": _KIND_OF[type(release)]}
+    item.update({k: _encode(v) for k, v in release._asdict().items()})
+    return item
+
+
+def release_from_dict(item: dict, name: str = "release") -> Release:
+    """The release of :func:`release_to_dict`'s data (checked); ``name``: what errors call it."""
+    kind = _KINDS.get(item.get("kind")) if isinstance(item, dict) else None
+    if kind is None:
+        raise ValueError(f"Expected {name} to have a kind in {sorted(_KINDS)}, got {item!r}.")
+    return _checked(kind(**{k: _decode(item[k]) for k in kind._fields if k in item}))
 
 
 def _encode(value):

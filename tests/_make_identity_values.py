@@ -27,6 +27,13 @@ path::
 
 The test recomputes them with the code of the working tree: a restructuring
 that changes no behaviour gives the same bits.
+
+A deliberate change of behaviour is recorded on its own: since a run draws
+step ``i``'s noise and Monte Carlo keys from its ``rng_key`` and ``i`` (no
+longer from the state's key, so that no two releases share noise), the runs'
+values were recorded again with that code, the updates' kept::
+
+    .venv/bin/python tests/_make_identity_values.py --runs
 """
 
 import json
@@ -201,7 +208,14 @@ def decode(recorded: dict) -> dict:
 def main():
     import d3p
 
-    values = {**compute(fast=True), **compute(fast=False)}
+    if sys.argv[1:] == ["--runs"]:   # the runs' values again, the updates' as recorded
+        values = decode(json.loads(DATA.read_text())["values"])
+        with warnings.catch_warnings(), jax.enable_x64(False):
+            warnings.simplefilter("ignore")
+            for fast in (True, False):
+                _runs(values, fast)
+    else:
+        values = {**compute(fast=True), **compute(fast=False)}
     DATA.parent.mkdir(exist_ok=True)
     DATA.write_text(json.dumps({"environment": environment(), "values": encode(values)}, indent=1) + "\n")
     print(f"wrote {len(values)} arrays computed with {pathlib.Path(d3p.__file__).parent} to {DATA}",

@@ -201,7 +201,17 @@ def test_twin_command_records_its_release(tmp_path, capsys):
     assert 0.9 < ledger.epsilon(1e-5) <= 1.0
     assert main(common[:1] + [str(tmp_path / "out2.csv")] + common[1:] + ["--seed", "2"]) == 0
     assert len(PrivacyLedger.load(path)) == 2
-    assert "privacy ledger" in capsys.readouterr().err
+    out = capsys.readouterr().out
+    # one release, one figure: the ledger's total stated at the twin's own delta, beside the twin's
+    import re
+    own = re.search(r"privacy   epsilon = ([0-9.e+-]+) \(target 1\), delta = ([0-9.e+-]+),", out)
+    total = re.search(r"2 releases of this data set, this twin included: in total epsilon = ([0-9.e+-]+) at "
+                      r"delta = ([0-9.e+-]+)", out)
+    assert own and total and total.group(2) == own.group(2)
+    assert float(total.group(1)) == pytest.approx(PrivacyLedger.load(path).epsilon(float(own.group(2))), rel=1e-3)
+    assert float(total.group(1)) > float(own.group(1))
+    spent = re.findall(r"budget epsilon = 1.5 at delta = 1e-05: spent ([0-9.e+-]+)", out)   # after each twin
+    assert len(spent) == 2 and float(spent[1]) == pytest.approx(PrivacyLedger.load(path).epsilon(1e-5), rel=1e-3)
     assert main(common[:1] + [str(tmp_path / "out3.csv")] + common[1:] + ["--seed", "3"]) == 2
     assert "budget of epsilon 1.5" in capsys.readouterr().err
     assert len(PrivacyLedger.load(path)) == 2

@@ -77,7 +77,8 @@ def test_releases_of_every_strategy_formulation_and_sampler_are_unchanged():
     _check(fast=True)
 
 
-@pytest.mark.slow
+@pytest.mark.manual
 def test_releases_of_the_whole_product_with_chacha20_are_unchanged():
-    """Every strategy times every formulation on every model, with ChaCha20."""
+    """Every strategy times every formulation on every model, with ChaCha20
+    (by hand: ``pytest -m manual``; five minutes, in no CI step)."""
     _check(fast=False)

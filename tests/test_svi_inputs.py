@@ -391,20 +391,21 @@ def test_list_response_in_run_is_per_record():
 
 
 @debug_suite
-@pytest.mark.parametrize("kind", ["list", "tuple", "nested list"])
+@pytest.mark.parametrize("kind", ["list", "tuple", "data frame"])
 @pytest.mark.slow
 def test_lists_and_tuples_are_columns(kind):
-    """update, evaluate and init treat a list or tuple of numbers as the array
-    np.asarray makes of it, rows as records; the caller's list is untouched."""
+    """update, evaluate and init treat a list or tuple of numbers (a column)
+    and a one-column DataFrame as the float arrays of their values, rows as
+    records; the caller's list or frame is untouched."""
     xs, ys = _xs(5, seed=5), _xs(5, seed=6)
     if kind == "list":
         ys_in = [float(v) for v in ys]
     elif kind == "tuple":
         ys_in = tuple(float(v) for v in ys)
-    else:  # a (5, 1) table as nested lists, passed to a model that flattens it
-        ys_in = [[float(v)] for v in ys]
-    original = list(ys_in)
-    model = two_column_model if kind != "nested list" else _flattening_model
+    else:  # a (5, 1) table, passed to a model that flattens it
+        ys_in = pytest.importorskip("pandas").DataFrame({"y": [float(v) for v in ys]})
+    original = ys_in.copy() if kind == "data frame" else list(ys_in)
+    model = two_column_model if kind != "data frame" else _flattening_model
     svi = _fast_svi(model, dp_scale=2.0)
     as_array = np.asarray(ys_in, np.float32)
     key = d3p.random.debug.PRNGKey(0)
@@ -413,7 +414,7 @@ def test_lists_and_tuples_are_columns(kind):
     assert _same(state, ref_state)
     assert _same(svi.update(state, xs, ys_in), svi.update(state, xs, as_array))
     assert _same(svi.evaluate(state, xs, ys=ys_in), svi.evaluate(state, xs, ys=as_array))
-    assert list(ys_in) == original
+    assert ys_in.equals(original) if kind == "data frame" else list(ys_in) == original
 
 
 def _flattening_model(xs, ys, N):
@@ -459,13 +460,18 @@ def test_pandas_data_are_per_record():
 
 
 def test_non_numeric_data_refused():
+    """An array of text or objects (a dtype the user declared) is refused,
+    naming the kind of dtype, never NumPy's item size (the longest text's
+    length). Lists and pandas columns are converted by a rule that reads no
+    value (tests/test_input_dtypes.py)."""
     pd = pytest.importorskip("pandas")
     svi = _svi(regression_model)
     frame = pd.DataFrame({"a": np.arange(5.0), "city": ["x", "y", "z", "x", "y"]})
-    with pytest.raises(TypeError, match=r"args\[0\].*dtype object"):
-        svi.init(d3p.random.PRNGKey(0), frame, _xs(5))
-    with pytest.raises(TypeError, match=r"'ys'.*dtype <U"):
-        svi.init(d3p.random.PRNGKey(0), np.ones((5, 2)), ys=["a", "b", "c", "d", "e"])
+    with pytest.raises(TypeError, match=r"'ys'.*text \(a NumPy str dtype\)") as refused:
+        svi.init(d3p.random.PRNGKey(0), np.ones((5, 2)), ys=np.array(["a", "b", "c", "d", "e"]))
+    assert "<U" not in str(refused.value)
+    with pytest.raises(TypeError, match=r"args\[0\].*Python objects \(dtype object\)"):
+        svi.init(d3p.random.PRNGKey(0), frame.to_numpy(), _xs(5))
 
 
 SCALARS = [

@@ -30,6 +30,7 @@ sub-command and sets the defaults ``func=main_twin`` and ``command_parser``;
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -320,6 +321,8 @@ def _run(args) -> int:
     num_report_files = _write_outputs(args, data, synthetic, twin, metrics)
     lines = _summary(args, twin, num_records=len(data), num_synthetic=num_synthetic, seed_text=seed_text,
                      num_report_files=num_report_files, seconds=time.monotonic() - t_start)
+    if ledger is not None:   # after the twin's own figures (the summary's first three lines)
+        lines[3:3] = _ledger_lines(args, ledger, twin)
     if not args.no_utility:
         lines += _utility_lines(metrics)
     print("\n".join(lines))
@@ -391,14 +394,26 @@ def _ledger(args):
 
 
 def _save_ledger(args, ledger, twin) -> None:
-    """Write the ledger (atomically) and say what it now holds."""
-    tmp = args.ledger + ".tmp"
-    ledger.save(tmp)
-    os.replace(tmp, args.ledger)
-    delta = ledger.budget_delta or twin.privacy.get("delta")
+    """Write the ledger (atomically, never through a link planted at a predictable name)."""
+    from d3p import _files
+
+    text = json.dumps(ledger.to_dict(), indent=1) + "\n"
+    _files.write_private(args.ledger, lambda f: f.write(text.encode("utf-8")))
+
+
+def _ledger_lines(args, ledger, twin) -> List[str]:
+    """What the ledger holds after the twin, at the twin's own δ (the figure
+    that covers every release of the data set, beside the twin's own), and
+    against its budget at the budget's δ."""
+    delta = twin.privacy.get("delta") if twin.privacy.get("private") else None
+    delta = delta or ledger.budget_delta
     total = f"epsilon = {ledger.epsilon(delta):.4g} at delta = {delta:.3g}" if delta else "not private"
-    print(f"d3p twin: privacy ledger {args.ledger}: {_plural(len(ledger), 'release')}, in total {total}",
-          file=sys.stderr)
+    lines = [f"  ledger    {args.ledger}: {_plural(len(ledger), 'release')} of this data set, this twin included: "
+             f"in total {total}"]
+    if ledger.budget_epsilon is not None:
+        lines.append(f"            budget epsilon = {ledger.budget_epsilon:g} at delta = {ledger.budget_delta:.3g}: "
+                     f"spent {ledger.epsilon(ledger.budget_delta):.4g}")
+    return lines
 
 
 def _fit(args, data, schema, key, ledger=None):
@@ -498,7 +513,7 @@ def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str
     if p["private"]:
         how = f"{relation} relation" if marginal else f"{relation} relation, {_SAMPLING_WORDS[p['sampling']]}"
         lines.append(f"  privacy   epsilon = {p['epsilon']:.4g} (target {p['target_epsilon']:g}), "
-                     f"delta = {p['delta']:.3g}, {how}")
+                     f"delta = {p['delta']:.3g}, {how} (this twin)")
     else:
         lines.append("  privacy   NONE: epsilon = inf (no noise: a non-private fit for comparison)")
     if marginal:
