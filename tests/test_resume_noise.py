@@ -12,6 +12,8 @@ with new keys their noises are independent: the difference of the two
 releases has the full noise std and the two are uncorrelated.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -155,3 +157,41 @@ def test_a_resumed_run_shows_the_trainings_total_beside_its_part(svi, first, tmp
     assert shown == pytest.approx(total.epsilon(second.delta), rel=5e-3)
     assert f"{second.epsilon:.3g} this run (δ={second.delta:.2g})" in bar
     assert svi.run(d3p.random.PRNGKey(12), 1, D, **FULL, progress_bar=False).total_epsilon is None
+
+
+@pytest.mark.parametrize("second_key", [7, 21], ids=["same key", "new key"])
+def test_resumed_twice_from_one_file_on_neighbouring_data(svi, first, tmp_path, second_key):
+    """The neighbour harness (tests/_neighbours.py) on the entry point "a
+    checkpoint file with a ledger, continued on D, then continued again on D
+    or D′ (one record replaced)": the path (the refusal of a repeated key,
+    with its message), the files and the ledger are the same on both; with a
+    new key, the second continuation's release differs by at most its
+    sensitivity (one SGD step: lr · 2C under substitute)."""
+    from _neighbours import Release, compare, observe
+
+    result, ledger = first
+
+    def entry_point(directory, data):
+        os.makedirs(directory)
+        path = os.path.join(directory, "run.npz")
+        save_checkpoint(path, result, ledger=ledger)
+        svi.run(d3p.random.PRNGKey(7), 1, D, **FULL, init_state=load_checkpoint(path), progress_bar=False)
+
+        def second():
+            again = svi.run(d3p.random.PRNGKey(second_key), 1, data, **FULL, init_state=load_checkpoint(path),
+                            progress_bar=False)
+            total = load_checkpoint(path).ledger
+            return Release(public={"steps": [(r.first_step, r.num_steps) for r in total.releases],
+                                   "total_epsilon": again.total_epsilon, "epsilon": again.epsilon},
+                           noisy={"mu": _mean(again)}, sensitivity=LR * 2 * C, tolerance=1e-6)
+        return second
+
+    observed = []
+    for name, data in (("d", D), ("d2", D_PRIME)):
+        second = entry_point(str(tmp_path / name), data)
+        observed.append(observe(second))
+    if second_key == 7:   # refused (by the file's ledger, which holds the first continuation)
+        assert observed[0].error is not None and "new rng_key" in observed[0].error[1]
+    else:
+        assert observed[0].error is None
+    compare(*observed, what="resumed twice")
