@@ -135,6 +135,7 @@ def test_continuations_with_new_keys_on_neighbouring_data_have_independent_noise
     ratio = np.std(a - b, ddof=1) / (np.sqrt(2) * NOISE_STD)
     corr = np.corrcoef(a, b)[0, 1]
     # std ratio: standard error 1/sqrt(2(n-1)) = 0.09, band 3.3 of them; correlation: 3/sqrt(n)
+    print(f"std(A - B) / (sqrt(2) lr sigma C) = {ratio:.3f}, corr(A, B) = {corr:.3f} over {pairs} pairs")
     assert 0.7 < ratio < 1.3, ratio
     assert abs(corr) < 3 / np.sqrt(pairs), corr
 
