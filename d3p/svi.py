@@ -481,7 +481,10 @@ class DPSVI(SVI):
         noise will dominate or ``target_delta >= 1 / N``. Details of every
         argument: docs/privacy.md, "What run does".
 
-        :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey()``).
+        :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey()``): step
+            ``i``'s batch, noise and Monte Carlo draws come from it and ``i``
+            alone (not from ``init_state``'s key); use a key for one release
+            (the ledger and a checkpoint refuse a repeat of its steps).
         :param int num_steps: number of steps, ``>= 1``.
         :param args: the FULL data set, one row per record (``N`` rows); ``kwargs`` likewise.
         :param int batch_size: the (expected) batch size, or give ``q``, or neither:
@@ -494,7 +497,8 @@ class DPSVI(SVI):
             σ is calibrated for this run's sampler and steps (``inf``: no noise).
         :param float delta: δ of ``epsilon``; ``target_delta`` is the same (default ``1 / N**2``).
         :param PrivacyLedger ledger: check the run against the ledger's budget
-            before its first step and record it after the last.
+            before its first step and record it after the last (the result's
+            ``total_epsilon`` is then the ledger's total).
         :param int start_step: index of the first step in ``rng_key``'s stream of
             batch keys (default 0, the ledger's count or a checkpoint's step).
         :param str accountant: ``"fourier"``, ``"rdp"`` or ``"pld"``.
@@ -502,7 +506,8 @@ class DPSVI(SVI):
         :param bool progress_bar: a tqdm bar (loss and ε); the result is the same without.
         :param bool stable_update: use :meth:`stable_update`.
         :param bool forward_mode_differentiation: as in NumPyro.
-        :param DPSVIState init_state: continue from a state or a :class:`Checkpoint`.
+        :param DPSVIState init_state: continue from a state or a :class:`Checkpoint`
+            (recorded in it, and refused if it repeats a continuation's key and steps).
         :param dict init_params: initial values of param sites (public).
         :param init_data: public records to initialise on (default: placeholders).
         :param float average: the share in [0, 1) of the last steps whose parameters
