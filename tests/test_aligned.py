@@ -24,6 +24,9 @@ from d3p import _elbo_terms, _model_facts
 from d3p._paper_models import logistic_regression_guide, logistic_regression_model
 from d3p.svi import DPSVI
 
+#: Whole-program runs of about a minute in all: CI's slow step.
+pytestmark = pytest.mark.slow
+
 N, B, D = 50, 8, 3
 KEY = d3p.random.PRNGKey(3)
 

@@ -40,6 +40,9 @@ from _neighbours import Release, compare, observe
 from d3p._records import _records
 from d3p.svi import DPSVI
 
+#: Whole-program runs of about a minute in all: CI's slow step.
+pytestmark = pytest.mark.slow
+
 pd = pytest.importorskip("pandas")
 
 #: Records, the changed record, C; the plate's N is the number of records.

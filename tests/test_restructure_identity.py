@@ -72,6 +72,7 @@ def test_another_processor_allows_a_moved_rounding_but_not_a_changed_value():
     assert not _agree(want, want + np.float32([0, 0, 1e-3]), same_cpu=False)
 
 
+@pytest.mark.slow
 def test_releases_of_every_strategy_formulation_and_sampler_are_unchanged():
     """A covering subset, with the debugging PRNG suite (quick to compile)."""
     _check(fast=True)

@@ -104,7 +104,7 @@ def test_lowered_for_cuda_a_run_chunk_loops_over_steps_and_batches_only():
     state = dpsvi.init(d3p.random.PRNGKey(0), *(x[:50] for x in batch))
     average = (dpsvi.optim.get_params(state.optim_state), jnp.zeros((), jnp.int32))   # run(average=...)'s mean
     text = jax.jit(run_chunk, static_argnums=6).trace(
-        state, average, d3p.random.PRNGKey(1), jnp.uint32(0), jnp.uint32(3), records, 5).lower(
+        state, average, (d3p.random.PRNGKey(1), d3p.random.PRNGKey(2)), jnp.uint32(0), jnp.uint32(3), records, 5).lower(
         lowering_platforms=("cuda",)).as_text()
     assert text.count("stablehlo.while") == 1
     assert "callback" not in text

@@ -16,7 +16,7 @@ from _normal_mean import normal_mean_svi
 
 N, T = 40, 6
 PRIVACY_FIELDS = ["epsilon", "delta", "relation", "sampler", "sigma", "q", "num_steps", "start_step",
-                  "averaged_steps"]
+                  "averaged_steps", "total_epsilon"]
 
 
 @pytest.fixture(scope="module")
