@@ -374,9 +374,11 @@ def _reproduce_run(svi, rng_key, num_steps, xs, sampling, stable=False):
     sampler = _sampler(sampling)
     init_key, batches = _run_batches(rng_key, num_steps, sampling)
     state = svi.init(init_key, jnp.asarray(xs)[batches[0][0]])
+    step_key = d3p.random.fold_in(init_key, 1)   # step i's own draws: fold_in(step_key, i)
     update = jax.jit(svi.stable_update if stable else svi.update)
     losses = []
-    for indices, mask in batches:
+    for i, (indices, mask) in enumerate(batches):
+        state = state._replace(rng_key=d3p.random.fold_in(step_key, i))
         state, loss = update(state, jnp.asarray(xs)[indices], mask=mask,
                              expected_batch_size=sampler.expected_batch_size)
         losses.append(loss)
