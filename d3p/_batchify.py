@@ -21,6 +21,7 @@ import numpy as np
 
 import d3p.random
 from d3p import _inputs, _validate
+from d3p.random._common import suite_key
 from d3p._samplers import (
     FixedSizeSampler,
     PoissonSampler,
@@ -151,8 +152,9 @@ def take_batch(dataset: Dataset, indices: jax.typing.ArrayLike):
 
 def _make_batchify(arrays, single, sampler, rng_suite, num_batches, with_mask):
     def init(rng_key) -> Tuple[int, BatchifyState]:
-        """Start an epoch: returns ``(num_batches, BatchifyState(rng_key))``."""
-        return num_batches, BatchifyState(rng_key)
+        """Start an epoch: returns ``(num_batches, BatchifyState(rng_key))``; a JAX
+        key is first turned into a key of ``rng_suite`` (:func:`d3p.random.as_key`)."""
+        return num_batches, BatchifyState(suite_key(rng_suite, rng_key))
 
     def get_batch(i, state: BatchifyState):
         """The i-th batch (``i`` may be traced)."""
@@ -315,8 +317,9 @@ def split_batchify_data(
     num_batches = n // batch_size
 
     def init(rng_key) -> Tuple[int, BatchifyState]:
-        """Start an epoch: returns ``(num_batches, BatchifyState(rng_key))``."""
-        return num_batches, BatchifyState(rng_key)
+        """Start an epoch: returns ``(num_batches, BatchifyState(rng_key))``; a JAX
+        key is first turned into a key of ``rng_suite`` (:func:`d3p.random.as_key`)."""
+        return num_batches, BatchifyState(suite_key(rng_suite, rng_key))
 
     def get_batch(i, state: BatchifyState):
         """The i-th batch of the epoch (``i`` may be traced)."""

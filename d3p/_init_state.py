@@ -14,10 +14,11 @@ import jax.numpy as jnp
 from numpyro.infer.svi import SVI
 from numpyro.primitives import Messenger
 
-from d3p import _model_facts, _private_step, _sharding, _validate
+from d3p import _model_facts, _numpyro_compat, _private_step, _sharding, _validate
 from d3p._public_init import placeholder_dependent_params, public_guide_setup, public_records
 from d3p._records import _records
 from d3p._state import DPSVIState, state_scale
+from d3p.random._common import suite_key
 
 
 class _BatchSubsample(Messenger):
@@ -75,6 +76,7 @@ def init_public(svi, rng_key, public, treedef, size, init_params, real_values, s
     of ``size`` rows, or ``init_data``: ``real_values``). ``stacklevel``: that
     of the placeholder warning (see :func:`_warn_if_placeholder_dependent`)."""
     mesh = _sharding.concrete_mesh(_private_step.batch_layout(svi))   # checks the mesh and batch_axis first
+    rng_key = suite_key(svi.rng_suite, rng_key)
     _sharding.check_same_in_every_process("rng_key", rng_key)
     args, kwargs = jax.tree.unflatten(treedef, public)
     rng_key, init_key = svi.rng_suite.split(rng_key, 2)
@@ -86,11 +88,16 @@ def init_public(svi, rng_key, public, treedef, size, init_params, real_values, s
         except (ValueError, RuntimeError) as err:
             if real_values:
                 raise
+            cause = _model_facts.structure_error(svi, treedef, public)
+            if cause is not None:   # the way the model declares its records, named
+                raise cause from err
             raise ValueError(
-                f"The model or guide could not be initialised on public placeholders (ones "
-                f"shaped like the data; DPSVI never initialises from private records): {err} "
-                "Pass public values: init_params={...} for the parameters, or init_data=... "
-                "(records you declare public, e.g. synthetic ones) to init or run."
+                f"Initialising the model and guide failed: {err} DPSVI initialises them on public "
+                "placeholders (ones shaped like the data), never on private records, with keys "
+                "derived from the key given (not NumPyro's SVI's draws for the same key). If the "
+                "failure comes from those values, pass public ones: init_params={...} for the "
+                "parameters, or init_data=... (records you declare public, e.g. synthetic ones) to "
+                "init or run."
             ) from err
         if not real_values:
             _warn_if_placeholder_dependent(svi, public, treedef, init_params, stacklevel)
@@ -102,7 +109,9 @@ def init_public(svi, rng_key, public, treedef, size, init_params, real_values, s
         )
     # the model's structure and its public scale, now, for a clear early error
     with _model_facts.model_errors_explained(svi, args, kwargs):
-        scale = _model_facts.observation_scale(svi, svi.optim.get_params(state.optim_state), treedef, public)
+        params = svi.optim.get_params(state.optim_state)
+        scale = _model_facts.observation_scale(svi, params, treedef, public)
+        _numpyro_compat.check_declared_size(svi.declared_N, _model_facts.records_plates(svi, params, treedef, public))
     state = DPSVIState(state.optim_state, None, rng_key, state_scale(scale), _private_step.initial_threshold(svi))
     # with a mesh: replicated on its devices, the same in every process
     return _sharding.replicate(state, mesh)

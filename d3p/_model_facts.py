@@ -20,10 +20,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro.handlers import seed, substitute, trace
+from numpyro.primitives import Messenger
 
 from d3p import _elbo_terms, _validate
 from d3p._gradient_lists import _common_scale
 from d3p._records import _depends_on_inputs, _evaluate_constant_outputs
+
+
+class RecordsPlateError(ValueError):
+    """A model whose records DP-VI cannot make private as declared: mutable
+    state, no observed site, an observed site outside a subsampling plate, a
+    records plate that does not subsample the batch, a ``numpyro.subsample``."""
 
 
 def _subsampling_plates(tr, observed) -> dict:
@@ -107,27 +114,111 @@ def _observed_sites(tr) -> list:
     observed site, an observed site outside a subsampling plate)."""
     for site in tr.values():
         if site["type"] == "mutable":
-            raise ValueError(
+            raise RecordsPlateError(
                 f"The model has mutable state (site {site['name']!r}). DP-VI cannot "
                 "support it: mutable state is updated from the un-noised data and "
                 "would leak it without any privacy guarantee."
             )
     observed = [s for s in tr.values() if s["type"] == "sample" and s["is_observed"]]
     if not observed:
-        raise ValueError(
+        raise RecordsPlateError(
             "The model has no observed sample sites. DP-VI needs the data to enter the "
             "model through observed sites under a plate over the records."
         )
-    unscaled = [s["name"] for s in observed if s["scale"] is None]
+    unscaled = [s for s in observed if s["scale"] is None]
     if unscaled:
-        raise ValueError(
-            f"The observed site(s) {unscaled} are not under a subsampling plate. DP-VI "
-            "clips each record's contribution and rescales the sum to the full data set, "
-            "so the model must declare its records with e.g. "
-            "`with numpyro.plate('data', N, subsample_size=xs.shape[0]):` so that a "
-            "batch's likelihood is scaled by N / batch size."
-        )
+        raise RecordsPlateError(_unscaled_message(tr, unscaled))
     return observed
+
+
+def _unscaled_message(tr, unscaled) -> str:
+    """Why the observed sites ``unscaled`` have no likelihood scale: in a plate
+    that declares no ``subsample_size`` (named), or in no plate at all."""
+    names = [s["name"] for s in unscaled]
+    plates = sorted({f.name for s in unscaled for f in s["cond_indep_stack"]
+                     if tr.get(f.name, {}).get("type") == "plate"})
+    fix = ("so the model must declare its records with e.g. `with numpyro.plate('data', N, "
+           "subsample_size=xs.shape[0]):` (N: the number of records in the whole data set, a constant; "
+           "xs: the batch the model is given), so that a batch's likelihood is scaled by N / batch size.")
+    if plates:
+        sized = [name for name in plates if tr[name]["args"][1] is not None]
+        what = (f"declare as their size the length of the batch they are given (1 on a batch of one "
+                f"record: {sized}), not N" if sized else "declare no subsample_size")
+        return (f"The observed site(s) {names} are not under a subsampling plate: the plate(s) {plates} over "
+                f"them {what}. DP-VI clips each record's contribution and rescales the sum to the full data "
+                f"set, {fix}")
+    return (f"The observed site(s) {names} are not under a subsampling plate (in no plate at all). DP-VI "
+            f"clips each record's contribution and rescales the sum to the full data set, {fix}")
+
+
+class _SubsampleCalls(Messenger):
+    """Counts the ``numpyro.subsample`` statements of a model run under it."""
+
+    def __init__(self):
+        self.count = 0
+        super().__init__()
+
+    def process_message(self, msg):
+        if msg["type"] == "subsample":
+            self.count += 1
+
+
+def _check_records_follow_batch(tr, plates: dict) -> None:
+    """Raise unless each subsampling plate ``plates`` of the model's trace ``tr``
+    on ONE record subsamples exactly that record (``subsample_size`` follows
+    the batch the model is given, e.g. ``subsample_size=xs.shape[0]``)."""
+    fixed = {name: tr[name]["args"][1] for name in plates if tr[name]["args"][1] != 1}
+    if fixed:
+        raise RecordsPlateError(
+            f"Expected the records plate(s) {sorted(fixed)} to subsample the batch the model is given "
+            f"(subsample_size=xs.shape[0]), got subsample_size {fixed} on a batch of one record. DPSVI "
+            "draws the batches itself and gives the model one (each record alone, for its clipped "
+            "gradient): declare numpyro.plate('data', N, subsample_size=xs.shape[0]) with N the number "
+            "of records in the whole data set."
+        )
+
+
+_LEFTOVER_SUBSAMPLE = (
+    "The model calls numpyro.subsample, which selects a minibatch from full data inside the model. DPSVI "
+    "draws the batches itself (with the sampler its privacy accounting assumes) and gives the model a batch, "
+    "one record at a time for its clipped gradient: remove the numpyro.subsample call and use the data "
+    "given as the batch, under numpyro.plate('data', N, subsample_size=xs.shape[0])."
+)
+
+
+def _records_structure(model, args, kwargs) -> tuple:
+    """``(observed sites, subsampling plates)`` of ``model`` run on a batch of
+    one record ``(args, kwargs)``, or a :class:`RecordsPlateError` that names
+    what DP-VI cannot make private in the way it declares its records."""
+    calls = _SubsampleCalls()
+    with calls:
+        tr = trace(model).get_trace(*args, **kwargs)
+    if calls.count:
+        raise RecordsPlateError(_LEFTOVER_SUBSAMPLE)
+    observed = _observed_sites(tr)
+    found = _subsampling_plates(tr, observed)
+    _check_records_follow_batch(tr, found)
+    return observed, found
+
+
+def structure_error(svi, treedef, leaves) -> Optional["RecordsPlateError"]:
+    """The :class:`RecordsPlateError` of the model's records structure for
+    records shaped like ``leaves``, or None: from an abstract trace of one
+    record (shapes only), the model's parameters at their own initial
+    values. Used to name the real cause where initialisation failed; any
+    other error of the model gives None (the caller reports its own)."""
+    def run(rng_key, leaves):
+        args, kwargs = jax.tree.unflatten(treedef, [jnp.expand_dims(x, 0) for x in leaves])
+        _records_structure(seed(svi.model, rng_key), args, {**kwargs, **svi.static_kwargs})
+        return jnp.zeros(())
+
+    try:
+        jax.eval_shape(run, jax.eval_shape(jax.random.PRNGKey, 0), list(one_record(leaves)))
+    except RecordsPlateError as err:
+        return err
+    except Exception:   # noqa: BLE001 - a diagnosis only; the caller raises its own error
+        return None
+    return None
 
 
 def _find_observation_scale(svi, param_structs, treedef, record, plates) -> Optional[float]:
@@ -140,10 +231,9 @@ def _find_observation_scale(svi, param_structs, treedef, record, plates) -> Opti
     def observation_scales(params, rng_key, leaves):
         args, kwargs = jax.tree.unflatten(treedef, [jnp.expand_dims(x, 0) for x in leaves])
         model = seed(substitute(svi.model, data=svi.constrain_fn(params)), rng_key)
-        tr = trace(model).get_trace(*args, **kwargs, **svi.static_kwargs)
-        observed = _observed_sites(tr)
+        observed, found = _records_structure(model, args, {**kwargs, **svi.static_kwargs})
         observed_names[:] = [s["name"] for s in observed]
-        plates.update(_subsampling_plates(tr, observed))
+        plates.update(found)
         return [jnp.asarray(s["scale"]) for s in observed]
 
     abstract_key = jax.eval_shape(jax.random.PRNGKey, 0)

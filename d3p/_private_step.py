@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
+from numpyro.optim import Minimize
 
 from d3p import _adaptive, _elbo_terms, _model_facts, _sharding, _validate, accounting, discrete, gradients
 from d3p._gradient_lists import _public_number
@@ -32,6 +33,7 @@ from d3p._records import _records
 from d3p._state import DPSVIState, check_state, state_scale
 from d3p.gradients import add_gaussian_noise, clipped_grad_sum
 from d3p.random import _threefry
+from d3p.random._common import suite_key
 
 # ---------------------------------------------------------------- settings
 
@@ -39,6 +41,9 @@ from d3p.random import _threefry
 def privacy_settings(clipping_threshold, dp_scale):
     """``(C, sigma)`` as floats: ``C > 0`` and ``sigma >= 0`` finite, except
     ``C = inf`` together with ``sigma = 0`` (no privacy, for testing)."""
+    if clipping_threshold is None:
+        raise TypeError("Expected clipping_threshold, the clipping threshold C > 0 of each record's gradient "
+                        "(inf only with dp_scale=0, no privacy), got none.")
     C = _validate.positive("clipping_threshold", clipping_threshold, finite=False)
     if dp_scale is None:   # chosen by run(..., epsilon=...)
         if math.isinf(C):
@@ -53,6 +58,21 @@ def privacy_settings(clipping_threshold, dp_scale):
             "dp_scale=0, i.e. without privacy.)"
         )
     return C, s
+
+
+def check_optimizer(optim) -> None:
+    """Refuse optimizers that update from the loss value (``numpyro.optim.Minimize``,
+    ``update_with_value``): the loss is computed from un-noised data. Optax
+    transformations, also wrapped by ``numpyro.optim.optax_to_numpyro``, are
+    accepted: they are given a public constant 0 as the value (see :class:`DPSVI`)."""
+    update_fn = getattr(optim, "update_fn", None)
+    optax_wrapper = getattr(update_fn, "__qualname__", "").startswith("optax_to_numpyro.")
+    if isinstance(optim, Minimize) or (getattr(optim, "update_with_value", False) and not optax_wrapper):
+        raise ValueError(
+            f"optim={type(optim).__name__} uses the loss value to update, but the loss is "
+            "computed from un-noised data and is not private; choose a gradient-based "
+            "optimizer such as numpyro.optim.Adam."
+        )
 
 
 def noise_setting(noise, dp_scale: float, clipping_threshold: float, strategy: str) -> str:
@@ -259,7 +279,8 @@ def noisy_gradient(svi, svi_state, args, kwargs, mask, expected_batch_size, forw
     """``(state, noisy_gradient, loss)`` of one step (see :meth:`DPSVI.update`);
     ``state`` has the new key and observation scale, the old optimizer state."""
     check_state(svi_state)
-    rng_key, grad_key, noise_key = svi.rng_suite.split(svi_state.rng_key, 3)
+    rng_key, grad_key, noise_key = svi.rng_suite.split(
+        suite_key(svi.rng_suite, svi_state.rng_key, "svi_state.rng_key"), 3)
     records, treedef, B = _records(args, kwargs)
     mask = _checked_mask(mask, B)
     expected_batch_size = _public_batch_size(expected_batch_size, B)

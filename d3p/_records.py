@@ -94,7 +94,11 @@ def _records(args, kwargs, *, expected_size=None, what="batch"):
     if size is None:
         raise ValueError(
             "Expected at least one per-record data array among the arguments (DP-VI "
-            "needs the records to clip each one's contribution)."
+            "needs the records to clip each one's contribution), got none. DPSVI protects the "
+            "records of a data set passed as arguments (one row per record) to a model that "
+            "declares them under numpyro.plate('data', N, subsample_size=xs.shape[0]); a model "
+            "without data arguments (data held as constants in its code, or none) has no records "
+            "to protect: fit it with numpyro.infer.SVI."
         )
     return leaves, treedef, size
 

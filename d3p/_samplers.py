@@ -29,6 +29,7 @@ from jax.experimental import io_callback
 import d3p.random
 from d3p import _sampling, _validate
 from d3p._uniform_draws import LOOP_FAILURE_PROBABILITY, _SENTINEL, _distinct_uniform, _uniform_indices
+from d3p.random._common import suite_key
 
 # The relations the samplers are analysed under, and the default overflow
 # bound of Poisson batches (each documented where d3p.minibatch exports it).
@@ -229,7 +230,8 @@ class _FixedBatchSampler:
     def sample(self, rng_key, rng_suite: types.ModuleType = d3p.random) -> Tuple[jax.Array, jax.Array]:
         """Draw one batch.
 
-        :param rng_key: a key of ``rng_suite`` (secret, fresh for every batch).
+        :param rng_key: a key of ``rng_suite`` (secret, fresh for every batch), or
+            a JAX key, converted by :func:`d3p.random.as_key`.
         :param rng_suite: PRNG suite, :mod:`d3p.random` (default) or :mod:`d3p.random.debug`.
         :return: ``(indices int32[B], mask bool[B])``; the mask is all True.
         :raises SamplingError: if the random source is broken (called with
@@ -428,7 +430,8 @@ class PoissonSampler:
     def sample(self, rng_key, rng_suite: types.ModuleType = d3p.random) -> Tuple[jax.Array, jax.Array]:
         """Draw one batch.
 
-        :param rng_key: a key of ``rng_suite`` (secret, fresh for every batch).
+        :param rng_key: a key of ``rng_suite`` (secret, fresh for every batch), or
+            a JAX key, converted by :func:`d3p.random.as_key`.
         :param rng_suite: PRNG suite, :mod:`d3p.random` (default) or :mod:`d3p.random.debug`.
         :return: ``(indices int32[max_batch_size], mask bool[max_batch_size])``;
             ``mask[j]`` is True for the real records, which come first:
@@ -552,7 +555,9 @@ def _sample_batch_jit(sampler, rng_key, i, rng_suite):
 
 
 def _sample(sampler, rng_key, rng_suite, i=None):
-    """Batch ``sampler.sample(rng_key)`` (or of ``fold_in(rng_key, i)``), checked."""
+    """Batch ``sampler.sample(rng_key)`` (or of ``fold_in(rng_key, i)``), checked;
+    a JAX key is first turned into a key of ``rng_suite`` (:func:`d3p.random.as_key`)."""
+    rng_key = suite_key(rng_suite, rng_key)
     if i is None:
         indices, mask, ok = _sample_jit(sampler, rng_key, rng_suite)
     else:
@@ -617,7 +622,7 @@ def feistel_permutation(
     samplers. Work is ``O(len(positions) * num_rounds)`` integer operations,
     independent of N.
 
-    :param rng_key: a key of ``rng_suite``.
+    :param rng_key: a key of ``rng_suite``, or a JAX key (:func:`d3p.random.as_key`).
     :param positions: int array of positions in ``[0, N)`` (distinct positions
         give distinct outputs).
     :param int num_records: N.
@@ -634,6 +639,7 @@ def feistel_permutation(
     num_rounds = _validate.integer("num_rounds", num_rounds, minimum=1)
     rng_suite = _validate.rng_suite("rng_suite", rng_suite)
     bits = max(2, math.ceil(math.log2(num_records)))
+    rng_key = suite_key(rng_suite, rng_key)
     permute = _feistel_network(rng_suite.split(rng_key, num_rounds), bits, num_rounds, rng_suite)
     x0 = jnp.asarray(positions).astype(jnp.uint32)
 

@@ -18,12 +18,11 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 from numpyro.infer.svi import SVI
-from numpyro.optim import Minimize
 
 import d3p.random
 from d3p import (
-    _adaptive, _elbo_terms, _init_state, _model_facts, _private_step, _run, _run_plan, _sharding, _validate,
-    discrete, gradients,
+    _adaptive, _elbo_terms, _init_state, _model_facts, _numpyro_compat, _private_step, _run, _run_plan, _sharding,
+    _validate, discrete, gradients,
 )
 from d3p._adaptive import AdaptiveClipping
 from d3p._checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -37,6 +36,7 @@ from d3p._records import _records
 from d3p._run import _RunCache
 from d3p._state import DPSVIRunResult, DPSVIState, check_state
 from d3p.ledger import PrivacyLedger
+from d3p.random._common import suite_key
 
 __all__ = [
     "DPSVI",
@@ -89,12 +89,13 @@ class DPSVI(SVI):
     :param model: NumPyro model; its records must sit under a subsampling plate.
     :param guide: NumPyro guide (e.g. an autoguide).
     :param optim: a NumPyro optimizer, a ``jax.example_libraries`` optimizer or
-        an ``optax`` transformation. NumPyro optimizers that use the loss value
+        an ``optax`` transformation (also through ``numpyro.optim.optax_to_numpyro``). NumPyro optimizers that use the loss value
         (``numpyro.optim.Minimize``, ``update_with_value``) are refused: the loss
         is not private. Optax transformations are given a constant 0 as the loss
         value, so those that read it (e.g. ``reduce_on_plateau``) never adapt.
-    :param per_example_loss: the ELBO, e.g. ``numpyro.infer.Trace_ELBO()``,
-        evaluated on one record at a time.
+    :param loss: the ELBO, e.g. ``numpyro.infer.Trace_ELBO()``, evaluated on
+        one record at a time (NumPyro's name; d3p 0.2's keyword
+        ``per_example_loss=`` is the same argument: give one of the two).
     :param float clipping_threshold: ``C > 0``, finite; ``inf`` only together
         with ``dp_scale=0`` (no privacy, for testing).
     :param float dp_scale: the noise multiplier ``sigma >= 0``
@@ -103,7 +104,10 @@ class DPSVI(SVI):
         for the run's sampler, relation, noise and number of steps).
     :param rng_suite: the PRNG suite for noise and batch selection;
         :mod:`d3p.random` (ChaCha20) by default, :mod:`d3p.random.debug` for
-        debugging. The records' Monte Carlo samples come from JAX's default
+        debugging. Every method that takes a key also takes JAX's keys
+        (``jax.random.key``, ``jax.random.PRNGKey``), converted by
+        :func:`d3p.random.as_key` (the noise stays ChaCha20's, as secret as
+        the key: docs/privacy.md, "Keys"). The records' Monte Carlo samples come from JAX's default
         generator, one key per record from ``rng_suite.convert_to_jax_rng_key``
         (they carry no privacy role).
     :param bool clip_unscaled_observations: see step 1 (default True); with
@@ -156,9 +160,10 @@ class DPSVI(SVI):
         sum and its sensitivity are the same under all. The one a step uses is
         the attribute ``formulation_choice`` once the step is traced.
     :param static_kwargs: keyword arguments passed to model AND guide at every
-        call, shared by all records (e.g. ``N``, or group-level data); the only
-        place for such values, and treated as public (they are used without
-        noise). A model or guide that does not accept them, or that uses data
+        call, shared by all records (e.g. group-level data); the only place
+        for such values, and treated as public (they are used without noise).
+        ``N`` is passed on only to a model that takes it; otherwise it is
+        checked against the size the records plate declares. A model or guide that does not accept them, or that uses data
         values in Python or NumPy code, is refused with a ``TypeError`` that
         names it; see "Common mistakes" in the getting-started guide.
 
@@ -221,8 +226,8 @@ class DPSVI(SVI):
         model: Callable,
         guide: Callable,
         optim,
-        per_example_loss,
-        clipping_threshold: float,
+        loss=None,
+        clipping_threshold: Optional[float] = None,
         dp_scale: Optional[float] = None,
         rng_suite=d3p.random,
         clip_unscaled_observations: bool = True,
@@ -234,15 +239,15 @@ class DPSVI(SVI):
         batch_axis=None,
         adaptive_clipping=None,
         formulation: str = "auto",
+        *,
+        per_example_loss=None,
         **static_kwargs,
     ):
-        if isinstance(optim, Minimize) or getattr(optim, "update_with_value", False):
-            raise ValueError(
-                f"optim={type(optim).__name__} uses the loss value to update, but the loss is "
-                "computed from un-noised data and is not private; choose a gradient-based "
-                "optimizer such as numpyro.optim.Adam."
-            )
+        _private_step.check_optimizer(optim)
+        per_example_loss, static_kwargs, declared_N = _numpyro_compat.arguments(model, guide, loss,
+                                                                                 per_example_loss, static_kwargs)
         super().__init__(model, guide, optim, per_example_loss, **static_kwargs)
+        self.declared_N = declared_N   # N given but not taken by the model: checked against its records plate
         self.clipping_threshold, self.dp_scale = _private_step.privacy_settings(clipping_threshold, dp_scale)
         self.rng_suite = _validate.rng_suite("rng_suite", rng_suite)
         self.clip_unscaled_observations = _validate.boolean("clip_unscaled_observations", clip_unscaled_observations)
@@ -298,7 +303,8 @@ class DPSVI(SVI):
           ``static_kwargs`` only: batches of the same shapes give the same
           state and the same errors, whatever their values.
 
-        :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey(...)``).
+        :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey(...)``) or a
+            JAX key (:func:`d3p.random.as_key`).
         :param args: a batch of per-record data, as for :meth:`update`; only
             its shapes and dtypes are read (at least one row).
         :param dict init_params: if not None, initial values of param sites
@@ -336,7 +342,8 @@ class DPSVI(SVI):
           plate's ``N`` over ``expected_batch_size``), never read from a
           record; a batch with no real record yields that times pure noise.
 
-        :param DPSVIState svi_state: current state.
+        :param DPSVIState svi_state: current state (a JAX key in its ``rng_key``
+            is converted by :func:`d3p.random.as_key`; the new state holds the suite's key).
         :param args: the batch: arrays with one row per record (leading
             dimension ``B``, real and padded records). Arrays keep their
             dtype; a plain list or tuple is one column (one value per record)
@@ -392,7 +399,7 @@ class DPSVI(SVI):
         """
         check_state(svi_state)
         records, treedef, _ = _records(args, kwargs)
-        _, eval_key = self.rng_suite.split(svi_state.rng_key, 2)
+        _, eval_key = self.rng_suite.split(suite_key(self.rng_suite, svi_state.rng_key, "svi_state.rng_key"), 2)
         params = self.get_params(svi_state)
 
         def loss(records):
@@ -481,7 +488,8 @@ class DPSVI(SVI):
         noise will dominate or ``target_delta >= 1 / N``. Details of every
         argument: docs/privacy.md, "What run does".
 
-        :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey()``): step
+        :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey()``, or a JAX
+            key: :func:`d3p.random.as_key`): step
             ``i``'s batch, noise and Monte Carlo draws come from it and ``i``
             alone (not from ``init_state``'s key); use a key for one release
             (the ledger and a checkpoint refuse a repeat of its steps).
@@ -516,7 +524,7 @@ class DPSVI(SVI):
             spent (``epsilon``, ``delta``, ``sigma``, ``q``, ...); the losses are NOT private.
         """
         return _run.run(
-            self, rng_key, num_steps, args, kwargs, batch_size=batch_size, q=q, sampling=sampling,
+            self, suite_key(self.rng_suite, rng_key), num_steps, args, kwargs, batch_size=batch_size, q=q, sampling=sampling,
             max_batch_size=max_batch_size, target_delta=target_delta, accountant=accountant, relation=relation,
             progress_bar=progress_bar, stable_update=stable_update, forward_mode=forward_mode_differentiation,
             init_state=init_state, init_params=init_params, init_data=init_data, epsilon=epsilon, delta=delta,

@@ -565,9 +565,12 @@ def test_constructor_accepts_svi_arguments():
     assert svi_params == ["model", "guide", "optim", "loss"]  # numpyro's; update this test if it changes
     dp_params = list(_named_params(DPSVI.__init__))
     # d3p 0.2 contract: (model, guide, optim, per_example_loss, clipping_threshold, dp_scale, rng_suite,
-    # clip_unscaled_observations, **static_kwargs); SVI's `loss` is `per_example_loss`, in its place
-    assert dp_params[:8] == ["model", "guide", "optim", "per_example_loss", "clipping_threshold",
+    # clip_unscaled_observations, **static_kwargs), the fourth under SVI's name `loss`; d3p 0.2's keyword
+    # per_example_loss= stays accepted (keyword-only)
+    assert dp_params[:8] == ["model", "guide", "optim", "loss", "clipping_threshold",
                              "dp_scale", "rng_suite", "clip_unscaled_observations"]
+    per_example_loss = inspect.signature(DPSVI.__init__).parameters["per_example_loss"]
+    assert per_example_loss.kind == per_example_loss.KEYWORD_ONLY
     assert inspect.Parameter.VAR_KEYWORD in _kinds(DPSVI.__init__)
     assert inspect.signature(DPSVI.__init__).parameters["rng_suite"].default is d3p.random
 

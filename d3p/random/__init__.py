@@ -5,13 +5,18 @@ The suite is a module with a fixed interface (``PRNGKey``, ``PRNGState``,
 ``convert_to_jax_rng_key``). Pass ``rng_suite=d3p.random`` (the default) to
 d3p's samplers and to :class:`d3p.svi.DPSVI` for privacy noise and batch
 selection; ``d3p.random.debug`` has the same interface on JAX's fast,
-non-cryptographic generator and is meant for debugging only.
+non-cryptographic generator and is meant for debugging only. :func:`as_key`
+turns a JAX key (``jax.random.key``, ``jax.random.PRNGKey``) into a key of
+the secure suite; d3p's entry points (``DPSVI.init``, ``update``, ``run``,
+``evaluate``, the samplers, the twin's ``fit``) apply it to the keys they are
+given.
 """
 
 from d3p.random import debug
 from d3p.random._common import SUITE_API
 from d3p.random.chacha import (  # noqa: F401 (re-exported, see __all__)
     PRNGKey,
+    as_key,
     PRNGState,
     convert_to_jax_rng_key,
     fold_in,
@@ -25,4 +30,4 @@ from d3p.random.chacha import (  # noqa: F401 (re-exported, see __all__)
 from d3p.random.discrete import discrete_gaussian
 from d3p.random.host import normal_float64
 
-__all__ = [*SUITE_API, "debug", "discrete_gaussian", "normal_float64"]
+__all__ = [*SUITE_API, "as_key", "debug", "discrete_gaussian", "normal_float64"]

@@ -56,3 +56,12 @@ def mulhi_u32(a: jax.Array, b: jax.Array) -> Tuple[jax.Array, jax.Array]:
     mid = (ll >> np.uint32(16)) + (lh & mask) + (hl & mask)
     hi = hh + (lh >> np.uint32(16)) + (hl >> np.uint32(16)) + (mid >> np.uint32(16))
     return hi, a * b
+
+
+def suite_key(rng_suite, key, name: str = "rng_key"):
+    """``key`` as a key of ``rng_suite``: through the suite's ``as_key`` where
+    it has one (:func:`d3p.random.as_key` converts JAX keys for the secure
+    suite; :func:`d3p.random.debug.as_key`), else as given (a suite of the
+    caller's own checks its keys itself). ``name``: the argument, for errors."""
+    as_key = getattr(rng_suite, "as_key", None)
+    return key if as_key is None else as_key(key, name)

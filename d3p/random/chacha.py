@@ -20,11 +20,19 @@ purpose                     nonce (3 words)     block counter
 ``split``                   ``(1, 0, 0)``       index of the child key
 ``fold_in(key, data)``      ``(2, data, 0)``    0
 ``convert_to_jax_rng_key``  ``(3, 0, 0)``       0
+``as_key`` of a JAX key     ``(4, n, 0)``       0 (keyed by the JAX key)
 ==========================  ==================  ============================
 
 A child key (from ``split`` or ``fold_in``) is the first 8 words of one
 keystream block; with ChaCha20 as a pseudo-random function these are
 independent uniform keys for distinct (purpose, index) pairs.
+
+:func:`as_key` also takes JAX's keys (``jax.random.key``, or the raw
+``uint32[2]`` of ``jax.random.PRNGKey``) and turns one into a key of this
+suite: ChaCha20 keyed by the JAX key's ``n`` words of key data (zero-padded
+to 256 bits), block 0 under nonce ``(4, n, 0)``, its first 8 words. Such a
+key is as secret as the JAX key, i.e. at most 64 bits for JAX's default
+generator; the noise is still ChaCha20's (see docs/privacy.md, "Keys").
 """
 
 import functools
@@ -40,7 +48,7 @@ from jax.scipy.special import ndtri
 from d3p.random import _keystream
 from d3p.random._common import SUITE_API, float_dtype, mulhi_u32
 
-__all__ = [*SUITE_API, "chacha20_block"]
+__all__ = [*SUITE_API, "as_key", "chacha20_block"]
 
 #: Type of a key of this suite: a ``uint32`` array of shape ``(8,)``.
 PRNGState = jax.Array
@@ -51,6 +59,7 @@ _NONCE_BITS = _keystream.NONCE_BITS
 _NONCE_SPLIT = 1
 _NONCE_FOLD_IN = 2
 _NONCE_JAX_KEY = 3
+_NONCE_FROM_JAX_KEY = 4
 
 chacha20_block = _keystream.chacha20_block
 _keystream_words = _keystream.keystream_words
@@ -61,7 +70,8 @@ def _check_key(key) -> jax.Array:
     if key.shape[-1:] != (_KEY_WORDS,) or key.dtype != jnp.uint32:
         raise TypeError(
             f"Expected a d3p.random key (uint32 array of shape (8,)), got an array of "
-            f"shape {key.shape} and dtype {key.dtype}. Create one with d3p.random.PRNGKey."
+            f"shape {key.shape} and dtype {key.dtype}. Create one with d3p.random.PRNGKey, or convert a JAX "
+            "key with d3p.random.as_key."
         )
     if key.ndim != 1:
         raise ValueError(
@@ -69,6 +79,81 @@ def _check_key(key) -> jax.Array:
             "a batch of keys."
         )
     return key
+
+
+def _is_typed_key(key) -> bool:
+    return isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+
+
+def _raw_jax_key_shape() -> tuple:
+    """The shape of ``jax.random.PRNGKey(0)`` under JAX's default implementation
+    (``(2,)`` for Threefry)."""
+    return tuple(jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape)
+
+
+def _from_jax_key_data(words: jax.Array) -> PRNGState:
+    """The key of this suite for the ``n`` (at most 8) uint32 words of a JAX
+    key's data: ChaCha20 keyed by the words, zero-padded to 8, block 0 under
+    nonce ``(4, n, 0)``, its first 8 words."""
+    n = words.shape[0]
+    chacha_key = jnp.zeros(_KEY_WORDS, jnp.uint32).at[:n].set(words)
+    return chacha20_block(chacha_key, jnp.uint32(0), (_NONCE_FROM_JAX_KEY, n, 0))[:_KEY_WORDS]
+
+
+def as_key(key, name: str = "rng_key") -> PRNGState:
+    """``key`` as a key of this suite: a d3p key as it is, a JAX key converted.
+
+    The kind is told by shape and dtype only, never by value (so a traced key
+    works under ``jit``): a ``uint32`` array of shape ``(8,)`` is a key of
+    this suite (:func:`PRNGKey`); a typed JAX key (``jax.random.key``, dtype
+    ``key<...>``, shape ``()``) or a raw JAX key (``jax.random.PRNGKey``:
+    ``uint32`` of shape ``(2,)`` for JAX's default Threefry) is converted to
+    the key of this suite that ChaCha20, keyed by its key data, gives (see the
+    module's table: nonce ``(4, n, 0)``); a typed key and the raw key with the
+    same data and word count give the same key.
+
+    **Formal guarantees.**
+
+    - Deterministic: the same JAX key always gives the same key of this suite;
+      distinct key data give keys as independent as ChaCha20 is a
+      pseudo-random function. Everything drawn from the result is ChaCha20's
+      keystream, whatever kind of key was given.
+    - The result is only as secret as ``key``: a JAX key holds at most 64
+      bits (Threefry), one made from a small seed such as ``PRNGKey(0)`` none.
+      ``d3p.random.PRNGKey()`` without a seed draws 256 bits from the
+      operating system.
+
+    :param key: a key of this suite, a typed JAX key or a raw JAX key.
+    :param str name: the argument's name, for the error message.
+    :return: a ``uint32`` array of shape ``(8,)``.
+    :raises TypeError: for anything else, naming ``name``.
+
+    >>> import jax, d3p.random
+    >>> bool((d3p.random.as_key(jax.random.key(0)) == d3p.random.as_key(jax.random.PRNGKey(0))).all())
+    True
+    """
+    if _is_typed_key(key):
+        if key.shape != ():
+            raise TypeError(f"Expected {name} to be a single JAX key, got a key array of shape {key.shape}.")
+        words = jnp.ravel(jax.random.key_data(key)).astype(jnp.uint32)
+        if words.shape[0] > _KEY_WORDS:
+            raise TypeError(f"Expected {name} to be a JAX key of at most {_KEY_WORDS} words of key data, got "
+                            f"{words.shape[0]} (dtype {key.dtype}).")
+        return _from_jax_key_data(words)
+    if isinstance(key, (jax.Array, np.ndarray)) and key.dtype == np.uint32:
+        if key.shape == (_KEY_WORDS,):
+            return jnp.asarray(key)
+        if key.shape == _raw_jax_key_shape():
+            return _from_jax_key_data(jnp.asarray(key))
+    if hasattr(key, "shape") and hasattr(key, "dtype"):
+        got = f"an array of shape {tuple(key.shape)} and dtype {key.dtype}"
+    else:
+        got = f"an object of type {type(key).__name__}"
+    raise TypeError(
+        f"Expected {name} to be a d3p.random key (uint32 array of shape (8,), from d3p.random.PRNGKey), a "
+        f"JAX key (jax.random.key) or a raw JAX key (uint32 array of shape {_raw_jax_key_shape()}, from "
+        f"jax.random.PRNGKey), got {got}."
+    )
 
 
 def PRNGKey(seed: Optional[Union[int, jax.typing.ArrayLike]] = None) -> PRNGState:

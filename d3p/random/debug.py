@@ -14,7 +14,7 @@ import numpy as np
 
 from d3p.random._common import SUITE_API, float_dtype
 
-__all__ = list(SUITE_API)
+__all__ = [*SUITE_API, "as_key"]
 
 #: Type of a key of this suite: a key of ``jax.random``.
 PRNGState = jax.Array
@@ -38,6 +38,26 @@ def PRNGKey(seed: Optional[jax.typing.ArrayLike] = None) -> PRNGState:
     if seed is None:
         seed = int(np.frombuffer(np.random.default_rng().bytes(4), dtype=np.uint32)[0])
     return jax.random.PRNGKey(seed)
+
+
+def as_key(key, name: str = "rng_key") -> PRNGState:
+    """``key`` as a key of this suite: a JAX key (typed or raw) as it is, a
+    ``d3p.random`` key (``uint32[8]``) through
+    :func:`d3p.random.convert_to_jax_rng_key`. Told apart by shape and dtype
+    only; anything else raises ``TypeError`` naming ``name``."""
+    if isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    if isinstance(key, (jax.Array, np.ndarray)) and key.dtype == np.uint32:
+        if key.shape == (8,):
+            from d3p.random import chacha
+
+            return chacha.convert_to_jax_rng_key(key)
+        if key.shape == jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape:
+            return key
+    got = getattr(key, "shape", None)
+    got = f"shape {got} and dtype {key.dtype}" if got is not None else f"type {type(key).__name__}"
+    raise TypeError(f"Expected {name} to be a JAX key (jax.random.key or jax.random.PRNGKey) or a d3p.random "
+                    f"key, got {got}.")
 
 
 def split(key: PRNGState, num: int = 2) -> jax.Array:

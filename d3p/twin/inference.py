@@ -108,13 +108,10 @@ def _as_d3p_key(rng_key):
         )
     if _is_int_seed(rng_key):
         return d3p.random.PRNGKey(int(rng_key))
-    arr = jnp.asarray(rng_key)
-    if arr.shape != (8,) or arr.dtype != jnp.uint32:
-        raise ValueError(
-            "Expected rng_key to be a d3p.random key (uint32[8], from d3p.random.PRNGKey) or an "
-            f"integer seed, got an array of shape {arr.shape} and dtype {arr.dtype}."
-        )
-    return arr
+    try:   # a d3p.random key, or a JAX key converted (d3p.random.as_key)
+        return d3p.random.as_key(rng_key, "rng_key")
+    except TypeError as err:
+        raise ValueError(f"{err} An integer seed is also accepted.") from None
 
 
 def _as_jax_key(rng_key):
@@ -445,7 +442,8 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
         (no noise, for comparison).
     :param float delta: target δ in (0, 1); default ``1 / N**2``.
     :param rng_key: a ``d3p.random`` key (e.g. ``d3p.random.PRNGKey()`` for
-        fresh entropy) or an int seed; the privacy noise is drawn from it.
+        fresh entropy), a JAX key (converted by :func:`d3p.random.as_key`) or an
+        int seed; the privacy noise is drawn from it, as secret as the key.
     :param schema: a :class:`Schema` or its dict; fields it leaves out are
         inferred (with a :class:`SchemaInferenceWarning`).
     :param str family: ``"auto"`` (default), ``"marginal"`` or ``"mixture"``
