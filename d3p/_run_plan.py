@@ -44,13 +44,33 @@ AUTOMATIC_MAX_BATCH_SIZE = 4096
 AUTOMATIC_OVERFLOW_SHARE = 1e-3
 
 
+def automatic_sampling(sampling: Optional[str], batch_size, q, max_batch_size, epsilon, relation) -> str:
+    """:meth:`DPSVI.run`'s ``sampling`` when it is not given (None): ``"fixed"``
+    for the whole data set at every step (:func:`automatic_q` is then 1) when
+    the noise multiplier is given (no ``epsilon``) and neither ``batch_size``,
+    ``q``, ``max_batch_size`` nor ``relation="add_remove"`` is, as
+    :meth:`numpyro.infer.SVI.run` uses all the data it is given; else
+    ``"poisson"``. Asking for ε, Poisson batches of nearly all the data need
+    half the noise of whole-data batches for the same ε (under add/remove one
+    record moves the clipped sum by at most C; whole-data batches are
+    accounted under substitute, 2C). Public facts only."""
+    if sampling is not None:
+        return sampling
+    if (epsilon is None and batch_size is None and q is None and max_batch_size is None
+            and relation != "add_remove"):
+        return "fixed"
+    return "poisson"
+
+
 def automatic_q(N: int, sampling: str = "poisson", num_steps: int = 1, delta: float = 1e-12,
                 epsilon: Optional[float] = None) -> float:
     """The sampling probability :meth:`DPSVI.run` uses when given neither
     ``batch_size`` nor ``q``: as much of the data set as a step can take, as
-    :meth:`numpyro.infer.SVI.run` uses all the data it is given, up to an
-    expected :data:`AUTOMATIC_MAX_BATCH_SIZE` records. Fixed-size batches: the
-    whole data set (``q = 1``) up to that size. Poisson batches are padded to
+    :meth:`numpyro.infer.SVI.run` uses all the data it is given. Fixed-size
+    batches with the noise given (``epsilon`` None): the whole data set
+    (``q = 1``), whatever its size. Otherwise up to an expected
+    :data:`AUTOMATIC_MAX_BATCH_SIZE` records: fixed-size batches the whole
+    data set up to that size. Poisson batches are padded to
     at most ``N`` slots and the add/remove neighbour has ``N + 1`` records,
     which all fall in a batch with probability ``q^(N + 1)``; over
     ``num_steps`` steps that adds ``(1 + e^ε) T q^(N + 1)`` to δ, kept at most
@@ -62,6 +82,8 @@ def automatic_q(N: int, sampling: str = "poisson", num_steps: int = 1, delta: fl
     large (σ grows in proportion to ``q``), so the largest affordable batch
     loses nothing to the noise and removes the sampling noise
     (benchmarks/README.md, "Accuracy at the defaults")."""
+    if sampling == "fixed" and epsilon is None:
+        return 1.0
     q = min(1.0, AUTOMATIC_MAX_BATCH_SIZE / N)
     if sampling == "poisson":
         eps = 1.0 if epsilon is None or math.isinf(epsilon) else epsilon
@@ -111,6 +133,7 @@ def run_plan(svi, N, num_steps, batch_size, q, sampling, max_batch_size, target_
     if target_delta is None:
         target_delta = 1.0 / N**2
     target_delta = _validate.open_unit("delta" if epsilon is not None else "target_delta", target_delta)
+    sampling = automatic_sampling(sampling, batch_size, q, max_batch_size, epsilon, relation)
     sampler = _sampler(N, batch_size, q, sampling, max_batch_size, num_steps, target_delta, epsilon)
     acc = accounting.accounting_for(sampler.name, relation, svi.noise)
     _validate.warn_if_large_delta("target_delta", target_delta, N, stacklevel=5)

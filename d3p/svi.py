@@ -471,7 +471,7 @@ class DPSVI(SVI):
     # ------------------------------------------------------------------ run
 
     def run(self, rng_key, num_steps: int, *args, batch_size: Optional[int] = None, q: Optional[float] = None,
-            sampling: str = "poisson", max_batch_size: Optional[int] = None, target_delta: Optional[float] = None,
+            sampling: Optional[str] = None, max_batch_size: Optional[int] = None, target_delta: Optional[float] = None,
             accountant: str = "fourier", relation: Optional[str] = None, progress_bar: bool = True,
             stable_update: bool = False, forward_mode_differentiation: bool = False,
             init_state: Optional[DPSVIState] = None, init_params: Optional[dict] = None,
@@ -496,10 +496,12 @@ class DPSVI(SVI):
         :param int num_steps: number of steps, ``>= 1``.
         :param args: the FULL data set, one row per record (``N`` rows); ``kwargs`` likewise.
         :param int batch_size: the (expected) batch size, or give ``q``, or neither:
-            nearly all the data at every step (:func:`d3p._run_plan.automatic_q`, printed).
+            the whole data at every step with ``dp_scale`` given (as NumPyro), nearly
+            all of it asking for ε (:func:`d3p._run_plan.automatic_q`, printed).
         :param float q: sampling probability (fixed size: ``round(q N)`` records).
         :param str sampling: ``"poisson"`` (default; add/remove or substitute) or
-            ``"fixed"`` (substitute; about twice the noise for the same ε).
+            ``"fixed"`` (substitute; about twice the noise for the same ε); not given:
+            :func:`d3p._run_plan.automatic_sampling`.
         :param int max_batch_size: Poisson batches' padded size (default: overflow negligible).
         :param float epsilon: ask for this ε (``dp_scale=None`` in the constructor):
             σ is calibrated for this run's sampler and steps (``inf``: no noise).

@@ -405,8 +405,6 @@ def test_noiseless_run_over_all_the_data_equals_svi_run():
     assert got.sigma == 0.0
 
 
-@pytest.mark.xfail(reason="run without batch_size over the whole data (q = 1) is issue 39 item 3, wired in "
-                          "d3p/_run_plan.py separately", strict=False)
 def test_noiseless_run_without_a_batch_size_equals_svi_run():
     key = jax.random.key(0)
     want = SVI(model, AutoDelta(model, init_loc_fn=INIT), numpyro.optim.Adam(0.05), Trace_ELBO()).run(

@@ -1,8 +1,9 @@
 """What DPSVI.run chooses by itself and what it adds after the steps.
 
-- Without ``batch_size`` or ``q`` the run takes nearly all of the data at every
-  step (:func:`d3p._run_plan.automatic_q`): a deterministic function of the
-  public ``N`` (and the sampler), said on the terminal and accounted.
+- Without ``batch_size`` or ``q`` the run takes the whole data at every step
+  with the noise given (as NumPyro), nearly all of it asking for ε
+  (:func:`d3p._run_plan.automatic_sampling`, :func:`d3p._run_plan.automatic_q`):
+  deterministic functions of public facts, said on the terminal and accounted.
 - ``average``: the result's parameters are the mean of the unconstrained
   parameters after each of the run's last steps (post-processing of
   releases the run made anyway: the state, the ε and the ledger are those of
@@ -30,6 +31,28 @@ def svi():
     return normal_mean_svi(clipping_threshold=1.0, dp_scale=2.0, N=N)
 
 
+@pytest.mark.parametrize("sampling, epsilon, given, expected", [
+    (None, None, {}, "fixed"),                     # the noise given: the whole data, as NumPyro
+    (None, 1.0, {}, "poisson"),                    # asking for ε: nearly all of it, add/remove
+    (None, None, dict(relation="add_remove"), "poisson"),
+    (None, None, dict(relation="substitute"), "fixed"),
+    (None, None, dict(batch_size=8), "poisson"),
+    (None, None, dict(q=0.5), "poisson"),
+    (None, None, dict(max_batch_size=8), "poisson"),
+    ("poisson", None, {}, "poisson"),
+    ("fixed", 1.0, {}, "fixed"),
+])
+def test_automatic_sampling_is_a_function_of_public_facts(sampling, epsilon, given, expected):
+    args = dict(batch_size=None, q=None, max_batch_size=None, relation=None) | given
+    assert _run_plan.automatic_sampling(sampling, args["batch_size"], args["q"], args["max_batch_size"],
+                                        epsilon, args["relation"]) == expected
+
+
+def test_automatic_q_of_whole_data_batches_is_one_at_any_size():
+    assert _run_plan.automatic_q(100_000, "fixed", 10, 1e-12, None) == 1.0
+    assert _run_plan.automatic_q(100_000, "fixed", 10, 1e-12, 1.0) == 4096 / 100_000
+
+
 @pytest.mark.parametrize("num_records, sampling, steps, delta, epsilon", [
     (40, "poisson", 8, 1e-4, None),          # ε not given: bounded as for ε = 1
     (455, "poisson", 2000, 1 / 455**2, 8.0),  # the README's data at ε = 8: 0.927
@@ -55,8 +78,23 @@ def test_automatic_q_is_a_function_of_public_facts(num_records, sampling, steps,
     assert _run_plan.automatic_q(num_records, sampling, steps, delta, epsilon) == q   # deterministic
 
 
-def test_run_without_a_batch_size_says_and_accounts_what_it_chose(svi, capsys):
+def test_run_with_the_noise_given_and_no_batch_size_takes_the_whole_data(svi, capsys):
+    """As numpyro.infer.SVI.run: all N records at every step (fixed-size batches of N, substitute)."""
     result = svi.run(d3p.random.PRNGKey(0), T, XS, target_delta=1e-4)
+    err = capsys.readouterr().err
+    assert "no batch_size or q given: fixed-size batches of size 40 (q = 1) from 40 records" in err
+    assert (result.q, result.sampler, result.relation) == (1.0, "fixed_size", "substitute")
+    expected = accounting.compute_epsilon(2.0, 1.0, T, 1e-4, sampler="fixed_size", relation="substitute")
+    assert result.epsilon == pytest.approx(expected, rel=1e-9)
+    # the same as asking for it explicitly, bit for bit
+    explicit = svi.run(d3p.random.PRNGKey(0), T, XS, batch_size=N, sampling="fixed", target_delta=1e-4,
+                       progress_bar=False)
+    np.testing.assert_array_equal(result.params["auto_loc"], explicit.params["auto_loc"])
+
+
+@pytest.mark.parametrize("kwargs", [dict(sampling="poisson"), dict(relation="add_remove")])
+def test_run_without_a_batch_size_says_and_accounts_what_it_chose(svi, capsys, kwargs):
+    result = svi.run(d3p.random.PRNGKey(0), T, XS, target_delta=1e-4, **kwargs)
     q = _run_plan.automatic_q(N, "poisson", T, 1e-4)
     err = capsys.readouterr().err
     assert f"(q = {q:.4g}) from {N} records" in err and "no batch_size or q given" in err
