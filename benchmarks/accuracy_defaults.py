@@ -118,10 +118,10 @@ FITS = {   # name -> (run's keywords, epsilon override)
 }
 
 
-def fit(p, name, epsilon, seed, cache):
+def fit(p, name, epsilon, seed, cache, formulation="own_sample"):
     if name not in cache:
         cache[name] = DPSVI(p.model, p.guide, numpyro.optim.Adam(p.lr), Trace_ELBO(), clipping_threshold=p.C,
-                            dp_scale=None, N=p.N, **p.shared)
+                            dp_scale=None, N=p.N, formulation=formulation, **p.shared)
     epsilon = float("inf") if name.endswith("σ = 0") else epsilon
     result = cache[name].run(d3p.random.PRNGKey(seed), p.steps, *p.train, epsilon=epsilon, delta=1.0 / p.N**2,
                              progress_bar=False, **FITS[name](p))
@@ -150,13 +150,59 @@ def plot(rows_by_problem, path):
     plt.close(fig)
 
 
+def sweep(args):
+    """The ablation of the clipping threshold, step size and formulation: the
+    chosen ``--fits`` for each C of ``--clip`` (JSON: ``accuracy_sweep.json``)."""
+    warnings.simplefilter("ignore")
+    print(f"jax {jax.__version__}, numpyro {numpyro.__version__}, backend {jax.default_backend()}, "
+          f"formulation {args.formulation}", flush=True)
+    print("| problem | C | step size | ε | fit | σ | error (ref. sds) | sd ratio | held-out log pred. (ref.) |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    rows, all_problems = [], problems()
+    for pname in args.problems:
+        p = all_problems[pname]
+        ref = reference(p, args.reference_steps)
+        ref_pred = p.predictive(ref, jax.random.PRNGKey(100))
+        p.lr = args.lr or p.lr
+        for C in args.clip or [p.C]:
+            p.C, cache = C, {}
+            for epsilon in args.epsilons:
+                for name in args.fits:
+                    if name.endswith("σ = 0") and epsilon != args.epsilons[0]:
+                        continue
+                    results = [fit(p, name, epsilon, seed, cache, args.formulation) for seed in range(args.seeds)]
+                    got = [figures(p, r.params, ref, jax.random.PRNGKey(100 + seed)) for seed, r in enumerate(results)]
+                    row = dict(problem=pname, C=C, lr=p.lr, formulation=args.formulation,
+                               epsilon=None if name.endswith("σ = 0") else epsilon, fit=name,
+                               error_sds=float(np.mean([g["error_sds"] for g in got])),
+                               sd_ratio=float(np.exp(np.mean(np.log([g["sd_ratio"] for g in got])))),
+                               predictive=float(np.mean([g["predictive"] for g in got])),
+                               sigma=results[-1].sigma, reference_predictive=ref_pred, seeds=args.seeds,
+                               per_seed=got)
+                    rows.append(row)
+                    eps_text = "—" if row["epsilon"] is None else f"{epsilon:g}"
+                    print(f"| {pname} | {C:g} | {p.lr:g} | {eps_text} | {name} | {results[-1].sigma:.3g} | "
+                          f"{row['error_sds']:.2f} | {row['sd_ratio']:.2f} | {row['predictive']:.4f} "
+                          f"({ref_pred:.4f}) |", flush=True)
+    fa.write_rows(args.output_dir, "accuracy_sweep.json", rows)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--problems", nargs="+", default=["readme", "logreg20k", "hlogreg", "gmm"])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--reference-steps", type=int, default=8000)
     parser.add_argument("--output-dir", default=os.path.join("benchmarks", "output"))
+    parser.add_argument("--fits", nargs="+", choices=list(FITS), default=list(FITS),
+                        help="the fits to run (default: all)")
+    parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS))
+    parser.add_argument("--clip", type=float, nargs="+", default=None,
+                        help="clipping thresholds C to sweep (default: the problem's own)")
+    parser.add_argument("--lr", type=float, default=None, help="Adam's step size (default: the problem's own)")
+    parser.add_argument("--formulation", default="own_sample", help="DPSVI's formulation (default own_sample)")
     args = parser.parse_args(argv)
+    if args.clip or args.lr or args.formulation != "own_sample":
+        return sweep(args)
     warnings.simplefilter("ignore")
     print(f"jax {jax.__version__}, numpyro {numpyro.__version__}, backend {jax.default_backend()}", flush=True)
     print("| problem | ε | fit | q | σ | error (ref. sds) | sd ratio | held-out log pred. (ref.) |")
