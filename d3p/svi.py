@@ -496,8 +496,7 @@ class DPSVI(SVI):
         :param int num_steps: number of steps, ``>= 1``.
         :param args: the FULL data set, one row per record (``N`` rows); ``kwargs`` likewise.
         :param int batch_size: the (expected) batch size, or give ``q``, or neither:
-            the whole data at every step with ``dp_scale`` given (as NumPyro), nearly
-            all of it asking for ε (:func:`d3p._run_plan.automatic_q`, printed).
+            all the data at every step with ``dp_scale`` given, nearly all asking for ε (printed).
         :param float q: sampling probability (fixed size: ``round(q N)`` records).
         :param str sampling: ``"poisson"`` (default; add/remove or substitute) or
             ``"fixed"`` (substitute; about twice the noise for the same ε); not given:

@@ -441,9 +441,8 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
     :param float epsilon: target ε > 0; ``inf`` fits without privacy
         (no noise, for comparison).
     :param float delta: target δ in (0, 1); default ``1 / N**2``.
-    :param rng_key: a ``d3p.random`` key (e.g. ``d3p.random.PRNGKey()`` for
-        fresh entropy), a JAX key (converted by :func:`d3p.random.as_key`) or an
-        int seed; the privacy noise is drawn from it, as secret as the key.
+    :param rng_key: a ``d3p.random`` key (``d3p.random.PRNGKey()``: fresh entropy), a
+        JAX key (:func:`d3p.random.as_key`) or an int seed; the noise is as secret as it.
     :param schema: a :class:`Schema` or its dict; fields it leaves out are
         inferred (with a :class:`SchemaInferenceWarning`).
     :param str family: ``"auto"`` (default), ``"marginal"`` or ``"mixture"``
