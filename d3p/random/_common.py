@@ -65,3 +65,26 @@ def suite_key(rng_suite, key, name: str = "rng_key"):
     caller's own checks its keys itself). ``name``: the argument, for errors."""
     as_key = getattr(rng_suite, "as_key", None)
     return key if as_key is None else as_key(key, name)
+
+
+def is_typed_jax_key(key) -> bool:
+    """Whether ``key`` is a typed JAX key (``jax.random.key``, dtype ``key<...>``)."""
+    return isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+
+
+def raw_jax_key_shape() -> tuple:
+    """The shape of ``jax.random.PRNGKey(0)`` under JAX's default implementation
+    (``(2,)`` for Threefry)."""
+    return tuple(jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape)
+
+
+def is_uint32_array(key, shape: tuple) -> bool:
+    """Whether ``key`` is a JAX or NumPy ``uint32`` array of ``shape``."""
+    return isinstance(key, (jax.Array, np.ndarray)) and key.dtype == np.uint32 and tuple(key.shape) == shape
+
+
+def describe_key(key) -> str:
+    """What ``key`` is, for an error message: its shape and dtype, or its type."""
+    if hasattr(key, "shape") and hasattr(key, "dtype"):
+        return f"an array of shape {tuple(key.shape)} and dtype {key.dtype}"
+    return f"an object of type {type(key).__name__}"

@@ -46,7 +46,9 @@ from jax import lax
 from jax.scipy.special import ndtri
 
 from d3p.random import _keystream
-from d3p.random._common import SUITE_API, float_dtype, mulhi_u32
+from d3p.random._common import (
+    SUITE_API, describe_key, float_dtype, is_typed_jax_key, is_uint32_array, mulhi_u32, raw_jax_key_shape,
+)
 
 __all__ = [*SUITE_API, "as_key", "chacha20_block"]
 
@@ -79,16 +81,6 @@ def _check_key(key) -> jax.Array:
             "a batch of keys."
         )
     return key
-
-
-def _is_typed_key(key) -> bool:
-    return isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-
-
-def _raw_jax_key_shape() -> tuple:
-    """The shape of ``jax.random.PRNGKey(0)`` under JAX's default implementation
-    (``(2,)`` for Threefry)."""
-    return tuple(jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape)
 
 
 def _from_jax_key_data(words: jax.Array) -> PRNGState:
@@ -132,7 +124,7 @@ def as_key(key, name: str = "rng_key") -> PRNGState:
     >>> bool((d3p.random.as_key(jax.random.key(0)) == d3p.random.as_key(jax.random.PRNGKey(0))).all())
     True
     """
-    if _is_typed_key(key):
+    if is_typed_jax_key(key):
         if key.shape != ():
             raise TypeError(f"Expected {name} to be a single JAX key, got a key array of shape {key.shape}.")
         words = jnp.ravel(jax.random.key_data(key)).astype(jnp.uint32)
@@ -140,18 +132,14 @@ def as_key(key, name: str = "rng_key") -> PRNGState:
             raise TypeError(f"Expected {name} to be a JAX key of at most {_KEY_WORDS} words of key data, got "
                             f"{words.shape[0]} (dtype {key.dtype}).")
         return _from_jax_key_data(words)
-    if isinstance(key, (jax.Array, np.ndarray)) and key.dtype == np.uint32:
-        if key.shape == (_KEY_WORDS,):
-            return jnp.asarray(key)
-        if key.shape == _raw_jax_key_shape():
-            return _from_jax_key_data(jnp.asarray(key))
-    if hasattr(key, "shape") and hasattr(key, "dtype"):
-        got = f"an array of shape {tuple(key.shape)} and dtype {key.dtype}"
-    else:
-        got = f"an object of type {type(key).__name__}"
+    if is_uint32_array(key, (_KEY_WORDS,)):
+        return jnp.asarray(key)
+    if is_uint32_array(key, raw_jax_key_shape()):
+        return _from_jax_key_data(jnp.asarray(key))
+    got = describe_key(key)
     raise TypeError(
         f"Expected {name} to be a d3p.random key (uint32 array of shape (8,), from d3p.random.PRNGKey), a "
-        f"JAX key (jax.random.key) or a raw JAX key (uint32 array of shape {_raw_jax_key_shape()}, from "
+        f"JAX key (jax.random.key) or a raw JAX key (uint32 array of shape {raw_jax_key_shape()}, from "
         f"jax.random.PRNGKey), got {got}."
     )
 

@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from d3p.random._common import SUITE_API, float_dtype
+from d3p.random._common import (
+    SUITE_API, describe_key, float_dtype, is_typed_jax_key, is_uint32_array, raw_jax_key_shape,
+)
 
 __all__ = [*SUITE_API, "as_key"]
 
@@ -45,17 +47,13 @@ def as_key(key, name: str = "rng_key") -> PRNGState:
     ``d3p.random`` key (``uint32[8]``) through
     :func:`d3p.random.convert_to_jax_rng_key`. Told apart by shape and dtype
     only; anything else raises ``TypeError`` naming ``name``."""
-    if isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if is_typed_jax_key(key) or is_uint32_array(key, raw_jax_key_shape()):
         return key
-    if isinstance(key, (jax.Array, np.ndarray)) and key.dtype == np.uint32:
-        if key.shape == (8,):
-            from d3p.random import chacha
+    if is_uint32_array(key, (8,)):
+        from d3p.random import chacha
 
-            return chacha.convert_to_jax_rng_key(key)
-        if key.shape == jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape:
-            return key
-    got = getattr(key, "shape", None)
-    got = f"shape {got} and dtype {key.dtype}" if got is not None else f"type {type(key).__name__}"
+        return chacha.convert_to_jax_rng_key(key)
+    got = describe_key(key)
     raise TypeError(f"Expected {name} to be a JAX key (jax.random.key or jax.random.PRNGKey) or a d3p.random "
                     f"key, got {got}.")
 
