@@ -110,6 +110,13 @@ def figures(p, params, ref_params, key):
             "predictive": p.predictive(params, key)}
 
 
+def _over_seeds(got):
+    """The figures of one fit over its seeds: mean error and predictive, geometric mean sd ratio."""
+    return {"error_sds": float(np.mean([g["error_sds"] for g in got])),
+            "sd_ratio": float(np.exp(np.mean(np.log([g["sd_ratio"] for g in got])))),
+            "predictive": float(np.mean([g["predictive"] for g in got]))}
+
+
 FITS = {   # name -> (run's keywords, epsilon override)
     "batch B": lambda p: dict(batch_size=p.batch_size),
     "defaults": lambda p: dict(),
@@ -173,10 +180,7 @@ def sweep(args):
                     results = [fit(p, name, epsilon, seed, cache, args.formulation) for seed in range(args.seeds)]
                     got = [figures(p, r.params, ref, jax.random.PRNGKey(100 + seed)) for seed, r in enumerate(results)]
                     row = dict(problem=pname, C=C, lr=p.lr, formulation=args.formulation,
-                               epsilon=None if name.endswith("σ = 0") else epsilon, fit=name,
-                               error_sds=float(np.mean([g["error_sds"] for g in got])),
-                               sd_ratio=float(np.exp(np.mean(np.log([g["sd_ratio"] for g in got])))),
-                               predictive=float(np.mean([g["predictive"] for g in got])),
+                               epsilon=None if name.endswith("σ = 0") else epsilon, fit=name, **_over_seeds(got),
                                sigma=results[-1].sigma, reference_predictive=ref_pred, seeds=args.seeds,
                                per_seed=got)
                     rows.append(row)
@@ -227,12 +231,9 @@ def main(argv=None):
                             and not isinstance(p, fa.GMM):
                         mean, sd, ref_mean, ref_sd = _moments(p, last.params, ref, jax.random.PRNGKey(100))
                         plotted.setdefault(pname, ((ref_mean, ref_sd), {}))[1][name] = (mean, sd)
-                mean_of = lambda k: float(np.mean([g[k] for g in got]))  # noqa: E731
                 row = dict(problem=pname, epsilon=epsilon if not name.endswith("σ = 0") else None, fit=name,
-                           q=last.q, sigma=last.sigma, error_sds=mean_of("error_sds"),
-                           sd_ratio=float(np.exp(np.mean(np.log([g["sd_ratio"] for g in got])))),
-                           predictive=mean_of("predictive"), reference_predictive=ref_pred, seeds=args.seeds,
-                           per_seed=got)
+                           q=last.q, sigma=last.sigma, **_over_seeds(got), reference_predictive=ref_pred,
+                           seeds=args.seeds, per_seed=got)
                 rows.append(row)
                 eps_text = "—" if row["epsilon"] is None else f"{epsilon:g}"
                 print(f"| {pname} | {eps_text} | {name} | {last.q:.3g} | {last.sigma:.3g} | "
