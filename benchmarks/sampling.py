@@ -170,10 +170,10 @@ def chunk_benchmark(num_records: int, batch_size: int, length: int, rounds: int)
                 state = dpsvi.init(d3p.random.PRNGKey(0), xs[:batch_size], ys[:batch_size])
                 gather = _run._batch_gatherer(sampler, d3p.random, treedef)
                 run_chunk = _run._compiled_chunks(dpsvi.update, gather, sampler.expected_batch_size, False,
-                                                  dpsvi.optim.get_params)
+                                                  dpsvi.optim.get_params, d3p.random.fold_in)
                 no_average = (dpsvi.optim.get_params(state.optim_state), jnp.zeros((), jnp.int32))
-                chunk = functools.partial(run_chunk, state, no_average, key, jnp.uint32(0), jnp.uint32(length),
-                                          [xs, ys], length)
+                chunk = functools.partial(run_chunk, state, no_average, _run.step_keys(d3p.random, key)[1:],
+                                          jnp.uint32(0), jnp.uint32(length), [xs, ys], length)
                 jax.block_until_ready(chunk())  # compiled while the variant is in place
                 fns[sname, "step", vname] = chunk
             finally:

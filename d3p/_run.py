@@ -44,19 +44,23 @@ def _batch_gatherer(sampler, rng_suite, treedef):
 
 
 def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_params, fold_in):
-    """``run_chunk(svi_state, average, keys, start, average_from, data, length)
-    -> (svi_state, average, losses, ok)``: ``length`` steps of ``update`` from
-    step ``start`` on, in one jitted ``lax.scan`` (one compilation per
-    ``length`` and data shapes; the keys, the data and ``average_from`` are
-    arguments, so the compiled program serves every run). ``keys``:
-    ``(batch_key, step_key)``; step ``i`` draws its batch with
-    ``fold_in(batch_key, i)`` and its noise and Monte Carlo draws from
-    ``fold_in(step_key, i)`` (:func:`step_keys`), never from the state's key,
-    so that two releases share noise only if they share the run's key and a
-    step, which the ledger and a checkpoint refuse. ``average``:
+    """``run_chunk(svi_state, average, keys, start, average_from, data, length,
+    noise_std) -> (svi_state, average, losses, ok)``: ``length`` steps of
+    ``update`` from step ``start`` on, in one jitted ``lax.scan`` (one
+    compilation per ``length`` and data shapes; the keys, the data,
+    ``average_from`` and ``noise_std`` are arguments, so the compiled program
+    serves every run). ``noise_std``: the noise's ``σ C`` where the steps
+    take it as an argument (:func:`d3p._private_step.traced_noise_std`: a run
+    at another ε compiles nothing), else None and σ is a constant of the
+    program. ``keys``: ``(batch_key, step_key)``; step ``i`` draws its batch
+    with ``fold_in(batch_key, i)`` and its noise and Monte Carlo draws from
+    ``fold_in(step_key, i)`` (:func:`step_keys`), never from the state's
+    key, so that two releases share noise only if they share the run's key
+    and a step, which the ledger and a checkpoint refuse. ``average``:
     ``(mean, count)``, the running mean of the optimizer's parameters after
     each step ``>= average_from`` and their number (:func:`_averaged`);
     ``ok``: whether every batch was drawn (see :func:`_batch_gatherer`)."""
+    svi = update.__self__
 
     def body_fn(carry, keys, i, average_from, data):
         svi_state, average, ok = carry
@@ -71,11 +75,15 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
         return (svi_state, average, ok & batch_ok), loss
 
     @functools.partial(jax.jit, static_argnums=6)
-    def run_chunk(svi_state, average, keys, start, average_from, data, length):
+    def run_chunk(svi_state, average, keys, start, average_from, data, length, noise_std=None):
         steps = start + jnp.arange(length, dtype=jnp.uint32)
-        (svi_state, average, ok), losses = lax.scan(
-            lambda c, i: body_fn(c, keys, i, average_from, data), (svi_state, average, jnp.bool_(True)),
-            steps)
+        svi._run_noise_std = noise_std   # read by the step while it is traced; reset below
+        try:
+            (svi_state, average, ok), losses = lax.scan(
+                lambda c, i: body_fn(c, keys, i, average_from, data), (svi_state, average, jnp.bool_(True)),
+                steps)
+        finally:
+            svi._run_noise_std = None
         return svi_state, average, losses, ok
 
     return run_chunk
@@ -100,16 +108,18 @@ class _RunCache:
         self._chunks = {}
 
     def steps(self, update, sampler, rng_suite, treedef, forward_mode, layout=None):
-        """``(gather, run_chunk)`` of :func:`_batch_gatherer` and
-        :func:`_compiled_chunks` for these settings (cached); ``layout``:
-        anything else the steps depend on (the device mesh)."""
+        """``(gather, run_chunk, compiled)`` of :func:`_batch_gatherer` and
+        :func:`_compiled_chunks` for these settings (cached; ``compiled``: if
+        they were asked for before); ``layout``: anything else the steps
+        depend on (the device mesh, σ where it is a constant)."""
         key = (update.__name__, sampler, rng_suite, treedef, forward_mode, layout)
-        if key not in self._chunks:
+        compiled = key in self._chunks
+        if not compiled:
             gather = _batch_gatherer(sampler, rng_suite, treedef)
             self._chunks[key] = (
                 gather, _compiled_chunks(update, gather, sampler.expected_batch_size, forward_mode,
                                          update.__self__.optim.get_params, rng_suite.fold_in))
-        return self._chunks[key]
+        return self._chunks[key] + (compiled,)
 
 
 def _require_batches(ok, sampler, values):
@@ -136,37 +146,40 @@ def _epsilon_text(svi, plan, N, start_step, fingerprint, ledger):
     return text
 
 
-def _run_with_progress_bar(run_chunk, svi_state, average, records, num_steps, epsilon_text, start=0):
-    """All steps of :meth:`DPSVI.run` with a tqdm bar showing the loss and
-    ε (``epsilon_text(done)``, :func:`_epsilon_text`).
-
-    Steps run in compiled chunks of about 5% of the run (``lax.scan``, as
-    without the bar; at most two chunk lengths are compiled), the bar
-    advancing after each: one Python dispatch per step would cost more than a
-    small model's step. Step ``i`` of the run has index ``start + i`` in the
-    stream of batch keys. ``run_chunk(svi_state, average, start, data, length)``.
-    """
-    chunk = min(max(-(-num_steps // 20), 1), _MAX_BAR_CHUNK)
+def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, epsilon_text=None):
+    """All steps of :meth:`DPSVI.run`: ``run_chunk(svi_state, average, start,
+    data, length)`` (:func:`_compiled_chunks`), all steps in one chunk
+    without a bar; step ``i`` of the run has index ``start + i`` in
+    the stream of batch keys. With ``epsilon_text`` (:func:`_epsilon_text`), a
+    tqdm bar showing the loss and ε advances after each chunk of about 5% of
+    the run: one Python dispatch per step would cost more than a small
+    model's step. Returns ``(svi_state, average, losses)``."""
+    bar = None
+    chunk = num_steps
+    if epsilon_text is not None:
+        chunk = min(max(-(-num_steps // 20), 1), _MAX_BAR_CHUNK)
+        bar = tqdm.tqdm(total=num_steps)
     losses, done = [], 0
-    with tqdm.tqdm(total=num_steps) as bar:
+    try:
         while done < num_steps:
             length = min(chunk, num_steps - done)
             svi_state, average, chunk_losses = run_chunk(svi_state, average, jnp.uint32(start + done), records,
                                                          length)
             losses.append(chunk_losses)
             done += length
-            recent = np.asarray(jax.device_get(chunk_losses))
-            recent = recent[recent == recent]
-            avg = float(recent.mean()) if recent.size else float("nan")
-            bar.set_postfix_str(
-                f"avg. loss (not private): {avg:.4g}, {epsilon_text(done)}",
-                refresh=False,
-            )
-            bar.update(length)
-    return svi_state, average, jnp.concatenate(losses)
+            if bar is not None:
+                recent = np.asarray(jax.device_get(chunk_losses))
+                recent = recent[recent == recent]
+                avg = float(recent.mean()) if recent.size else float("nan")
+                bar.set_postfix_str(f"avg. loss (not private): {avg:.4g}, {epsilon_text(done)}", refresh=False)
+                bar.update(length)
+    finally:
+        if bar is not None:
+            bar.close()
+    return svi_state, average, losses[0] if len(losses) == 1 else jnp.concatenate(losses, axis=-1)
 
 
-#: Most steps run between two updates of ``run``'s progress bar.
+#: Most steps between two updates of ``run``'s progress bar.
 _MAX_BAR_CHUNK = 1000
 
 
@@ -216,26 +229,32 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         # with a mesh: the data set whole on every device, each taking its shard of every batch
         records, batch_key, step_key = _private_step.replicated(svi, records, batch_key, step_key)
         update = svi.stable_update if stable_update else svi.update
-        gather, run_chunk = svi._run_cache.steps(update, plan.sampler, svi.rng_suite, treedef, forward_mode,
-                                                 (_run_layout(svi), plan.sigma))
+        traced = _private_step.traced_noise_std(svi, plan.sigma)
+        gather, run_chunk, compiled = svi._run_cache.steps(
+            update, plan.sampler, svi.rng_suite, treedef, forward_mode, (_run_layout(svi), None if traced else plan.sigma))
+        if not compiled:
+            _say("d3p: compiling the private step (first run of this model, data shapes and sampler only)",
+                 progress_bar)
+        # the steps' warning is given while they are traced: a later run with another σ is not traced again
+        _private_step.warn_if_all_noise(svi, plan.sampler.expected_batch_size, stacklevel=3, sigma=plan.sigma)
         batch = lambda: jax.eval_shape(gather, batch_key, records, 0)[:2]   # noqa: E731 - shapes, when needed
         svi_state = _initial_state(svi, init_state, checkpoint, init_key, batch, treedef, init_params, init_data)
         svi_state = _checked_initial_state(svi, svi_state, treedef, records, N)
 
         average_from = jnp.uint32(start_step + _averaging_start(average, num_steps))
 
+        params = svi.optim.get_params(svi_state.optim_state)
+        noise_std = _private_step.noise_std_value(svi, plan.sigma, params) if traced else None
+
         def run_steps(svi_state, average, start, data, length):
             svi_state, average, losses, ok = run_chunk(svi_state, average, (batch_key, step_key), start,
-                                                       average_from, data, length)
+                                                       average_from, data, length, noise_std)
             return _require_batches(ok, plan.sampler, (svi_state, average, losses))
 
-        mean = (svi.optim.get_params(svi_state.optim_state), jnp.zeros((), jnp.int32))
-        if progress_bar:
-            epsilon_text = _epsilon_text(svi, plan, N, start_step, fingerprint, ledger)
-            svi_state, mean, losses = _run_with_progress_bar(run_steps, svi_state, mean, records, num_steps,
-                                                             epsilon_text, start_step)
-        else:
-            svi_state, mean, losses = run_steps(svi_state, mean, jnp.uint32(start_step), records, num_steps)
+        mean = (params, jnp.zeros((), jnp.int32))
+        epsilon_text = _epsilon_text(svi, plan, N, start_step, fingerprint, ledger) if progress_bar else None
+        svi_state, mean, losses = _run_in_chunks(run_steps, svi_state, mean, records, num_steps, start_step,
+                                                 epsilon_text)
         params = svi.constrain_fn(mean[0]) if average else None
         result = _run_plan.run_result(svi, svi_state, losses, plan, N, num_steps, start_step, params=params,
                                       averaged_steps=int(mean[1]) if average else 0)

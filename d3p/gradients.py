@@ -263,7 +263,13 @@ def add_gaussian_noise(
     and composition is what :mod:`d3p.accounting` computes. The noise does not
     depend on the data, the mask or the number of real records.
     """
-    std = noise_std(dp_scale, clipping_threshold)
+    return _add_noise(grad_sum, noise_key, noise_std(dp_scale, clipping_threshold), rng_suite)
+
+
+def _add_noise(grad_sum: PyTree, noise_key, std, rng_suite) -> PyTree:
+    """:func:`add_gaussian_noise` with the noise's standard deviation ``std``
+    given: a float (0.0: no noise), or an array (also traced: e.g. ``σ C`` as
+    an argument of ``run``'s compiled steps, which then serve every σ)."""
     leaves, treedef = jax.tree.flatten(grad_sum)
     if (isinstance(std, float) and std == 0.0) or not leaves:
         return grad_sum

@@ -273,6 +273,7 @@ class DPSVI(SVI):
         # pairs already warned about (d3p._private_step), run's compiled steps (d3p._run._RunCache)
         self._public_scales, self._split_facts_cache, self._discrete_plans = {}, {}, {}
         self._noise_warnings, self._run_cache = set(), _RunCache()
+        self._run_noise_std = None   # σ C as traced by run's compiled steps (d3p._run), while they are traced
         #: The :class:`d3p.gradients.StrategyChoice` of the most recent trace of
         #: this DPSVI's step (None before the first): which gradient strategy runs.
         self.strategy_choice = None

@@ -17,6 +17,8 @@ import d3p.random
 from d3p import minibatch
 from d3p.minibatch import FixedSizeSampler, PoissonSampler
 
+import _lowered
+
 SENTINEL = 2**31 - 1
 
 
@@ -111,7 +113,7 @@ def test_sample_under_jit_lowered_for_cuda_has_no_host_callback(sampler, loops):
     key = d3p.random.PRNGKey(0)
     text = _lowered_for_cuda(lambda k: sampler.sample(k), key)
     assert "callback" not in text and "custom_call" not in text
-    assert text.count("stablehlo.while") == loops
+    assert _lowered.other_loops(text) == loops   # besides ChaCha20's over its double rounds
     # get_batch under jit too
     init, get_batch = minibatch.subsample_batchify_data(jnp.zeros((1000, 2)), batch_size=8)
     _, state = init(key)

@@ -1,6 +1,8 @@
 """d3p.random's per-platform programs: every branch is the same ChaCha20, and
-the program lowered for a GPU has no loop (checked without a GPU by lowering
-for CUDA on the CPU)."""
+the program lowered for a GPU computes each double round once for all blocks
+(a loop over rounds, whose body holds one double round: never the rounds
+written out, which XLA copied once per output word) and has no host call
+(checked without a GPU by lowering for CUDA on the CPU)."""
 
 import struct
 
@@ -13,6 +15,8 @@ from jax import lax
 
 import d3p.random
 from d3p.random import _keystream, chacha
+
+import _lowered
 
 
 def _reference_words(key_words, num_words: int, counter: int = 0, nonce=(0, 0, 0)) -> np.ndarray:
@@ -40,16 +44,16 @@ def count_while(fn, *args, platform: str = "cuda") -> int:
 
 
 @pytest.mark.parametrize("num_words", [1, 17, 16 * 8, 16 * 9 + 5, 16 * _keystream.HOST_MIN_BLOCKS + 3])
-def test_straight_line_keystream_is_the_rfc_keystream(num_words):
+def test_vectorised_keystream_is_the_rfc_keystream(num_words):
     # the branch that GPUs run, evaluated here on the CPU
-    fn = jax.jit(lambda k: _keystream._keystream_straight(k, num_words))
+    fn = jax.jit(lambda k: _keystream._keystream_vectorised(k, num_words))
     np.testing.assert_array_equal(np.asarray(fn(jnp.asarray(_KEY))), _reference_words(_KEY, num_words))
 
 
-def test_straight_line_block_function_with_nonce_arrays_is_the_rfc_block():
+def test_vectorised_block_function_with_nonce_arrays_is_the_rfc_block():
     counters = np.array([0, 1, 7, 2**32 - 1], dtype=np.uint32)
     nonce1 = np.array([5, 6, 7, 8], dtype=np.uint32)
-    blocks = jax.jit(lambda k, c, n: _keystream._blocks_straight(k, c, [jnp.uint32(2), n, jnp.uint32(0)]))(
+    blocks = jax.jit(lambda k, c, n: _keystream._blocks_vectorised(k, c, [jnp.uint32(2), n, jnp.uint32(0)]))(
         jnp.asarray(_KEY), counters, nonce1
     )
     for i, (c, n) in enumerate(zip(counters, nonce1)):
@@ -91,13 +95,13 @@ def test_normal_of_every_platform_is_the_same_function_of_the_keystream():
     cpu = jax.jit(lambda k: d3p.random.normal(k, (size,)))
     assert "callback" in cpu.lower(key).as_text()
     np.testing.assert_array_equal(np.asarray(cpu(key)), expected)
-    # the GPU branch: the transform of the straight-line keystream
+    # the GPU branch: the transform of the vectorised keystream
     other = jax.jit(lambda k: chacha._normal_f32_of_keystream(k, size))
     np.testing.assert_array_equal(np.asarray(other(key)), expected)
 
 
 # ---------------------------------------------------------------------------
-# lowered for CUDA: straight-line code, no loop and no host call
+# lowered for CUDA: one double round per block function, no host call
 
 
 _CALLS = {
@@ -114,15 +118,34 @@ _CALLS = {
 
 
 @pytest.mark.parametrize("name", list(_CALLS))
-def test_lowered_for_cuda_the_suite_has_no_loop_and_no_host_call(name):
+def test_lowered_for_cuda_each_double_round_is_written_once_and_no_host_call(name):
     text = lowered_text(_CALLS[name], jnp.asarray(_KEY))
-    assert text.count("stablehlo.while") == 0
+    # every loop is over the ten double rounds, its body one double round;
+    # no xor outside them (the rounds written out would hold 320 per block function)
+    assert _lowered.round_loops(text) >= 1
+    assert _lowered.other_loops(text) == 0
+    assert _lowered.xor_outside_round_loops(text) == 0
     assert "callback" not in text
 
 
+def test_the_rounds_written_out_exceed_the_bound():
+    # the check above has power: the ten double rounds written out (as GPUs
+    # ran them before) hold ten times the xor of the loop's body
+    def written_out(state):
+        for i in range(10):
+            state = _keystream._double_round(i, state)
+        return state
+
+    nonce = [jnp.uint32(0)] * 3
+    text = lowered_text(lambda k: _keystream._blocks(k, jnp.arange(3, dtype=jnp.uint32), nonce, written_out),
+                        jnp.asarray(_KEY))
+    assert _lowered.round_loops(text) == 0
+    assert _lowered.xor_outside_round_loops(text) == 10 * _lowered.DOUBLE_ROUND_XORS
+
+
 def test_cpu_lowering_keeps_the_cpu_programs():
-    # the check above has power: on CPU the same calls do loop (the rounds
-    # are a fori_loop there) and the VAE's noise goes through the host cipher
+    # on CPU a few blocks are computed one at a time and the VAE's noise goes
+    # through the host cipher
     key = jnp.asarray(_KEY)
-    assert count_while(_CALLS["split"], key, platform="cpu") >= 1
+    assert count_while(_CALLS["split"], key, platform="cpu") >= 2
     assert "callback" in lowered_text(_CALLS["normal, 688,884 values (the VAE's noise)"], key, platform="cpu")

@@ -7,8 +7,15 @@ a few keys for each of the B records of a batch, so that loop overhead was
 most of a private step on small models (the hierarchical logistic regression
 of ``benchmarks/dpsvi_vs_svi.py``: 3.3 times its non-private step).
 
-This module registers the same generator with its 20 rounds written out, so
-XLA fuses a whole evaluation into the kernel that uses it. The key
+This module registers the same generator with its 20 rounds written out. On
+CPU each evaluation (of ``split`` and ``random_bits``) runs as a ``lax.scan``
+of two steps, each computing half of the values: a loop's output is a
+buffer, so XLA computes the values once (XLA:CPU drops optimization
+barriers before it fuses). On other platforms the rounds are written out
+without a loop, as ``jax.random`` lowers them there. Written out without the loop, XLA fused the
+whole evaluation into every kernel that read its values, up to seven copies
+of each in a private step of the logistic regression, which made the step
+compile 2.7 times slower (8.4 s against 3.1 s; ``benchmarks/compile.py``). The key
 derivations (``split``, ``fold_in``) and the bit streams (``random_bits``)
 are those of ``jax.random`` with its default ``threefry2x32`` implementation
 and ``jax_threefry_partitionable=True`` (JAX's default): wrapping raw key data
@@ -73,9 +80,29 @@ def _seed(seed):
     return jnp.stack([high, low])
 
 
+def _in_two_steps(key, high, low):
+    """``threefry2x32(*key, high, low)`` computed in a loop of two steps,
+    each over half of the counters (see the module docstring)."""
+    size = high.size
+    half = -(-size // 2)
+    halves = [jnp.pad(x.reshape(-1), (0, 2 * half - size)).reshape(2, half) for x in (high, low)]
+    _, (b0, b1) = jax.lax.scan(lambda carry, x: (carry, threefry2x32(key[0], key[1], x[0], x[1])), None, halves)
+    return tuple(b.reshape(-1)[:size].reshape(high.shape) for b in (b0, b1))
+
+
+def _evaluated_once(key, high, low):
+    """``threefry2x32(*key, high, low)``, on CPU in a loop of two steps
+    (:func:`_in_two_steps`, see the module docstring); elsewhere written out,
+    as ``jax.random`` lowers it for GPUs. Chosen when the program is lowered."""
+    if high.size < 2:
+        return threefry2x32(key[0], key[1], high, low)
+    return jax.lax.platform_dependent(
+        key, high, low, cpu=_in_two_steps, default=lambda k, h, lo: threefry2x32(k[0], k[1], h, lo))
+
+
 def _split(key, shape):
     high, low = _index_words(shape)
-    b0, b1 = threefry2x32(key[0], key[1], high, low)
+    b0, b1 = _evaluated_once(key, high, low)
     return jnp.stack([b0, b1], axis=-1)
 
 
@@ -86,7 +113,7 @@ def _fold_in(key, data):
 
 def _random_bits(key, bit_width, shape):
     high, low = _index_words(shape)
-    b0, b1 = threefry2x32(key[0], key[1], high, low)
+    b0, b1 = _evaluated_once(key, high, low)
     if bit_width == 64:
         return (b0.astype(jnp.uint64) << np.uint64(32)) | b1.astype(jnp.uint64)
     bits = b0 ^ b1

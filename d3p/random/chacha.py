@@ -2,11 +2,12 @@
 
 The cipher is written with plain 32-bit integer operations (add, xor,
 rotate), so it runs under ``jit``/``vmap``/``grad``-free code on every JAX
-backend without custom operations. Each platform gets its own program for
-it, chosen when the program is lowered: straight-line code without loops on
-GPUs and other accelerators, looped rounds on CPU, where long keystreams
-(the noise of a large model) come from OpenSSL's implementation of the same
-cipher, bit for bit the same words (see :mod:`d3p.random._keystream`).
+backend without custom operations. The rounds are a loop on every
+platform, each double round computed once for all blocks; each platform
+gets its own arrangement, chosen when the program is lowered: on CPU a few
+blocks are computed one at a time and long keystreams (the noise of a large
+model) come from OpenSSL's implementation of the same cipher, bit for bit
+the same words (see :mod:`d3p.random._keystream`).
 
 A key of this suite is a ``uint32`` array of shape ``(8,)``: a 256-bit ChaCha20
 key. Every output is ChaCha20's keystream for that key under a nonce that

@@ -1,0 +1,80 @@
+"""``run``'s compiled steps serve every ε: the noise's σ C is an argument of
+the compiled program, not a constant (issue "Compile once").
+
+- A second run at another ε (or with another noise multiplier) compiles
+  nothing: the jitted chunk's cache holds one program.
+- The reused program applies the new σ: its release is bit for bit that of
+  a fresh DPSVI run at that ε whose program holds σ as a constant, and
+  differs from the first run's.
+- The first run says that it compiles, before it does; a run that reuses the
+  program says nothing of the kind.
+"""
+
+import logging
+
+import jax
+import numpy as np
+import pytest
+
+import d3p.random
+from d3p import _private_step
+
+from _normal_mean import normal_mean_svi
+
+N, T, B = 40, 6, 10
+XS = np.linspace(0.0, 1.0, N).astype(np.float32)
+
+
+def _chunks(svi):
+    """The jitted chunk functions of ``svi``'s runs."""
+    return [run_chunk for _, run_chunk in svi._run_cache._chunks.values()]
+
+
+def _run(svi, epsilon, seed=3):
+    return svi.run(d3p.random.PRNGKey(seed), T, XS, batch_size=B, epsilon=epsilon, delta=1e-4,
+                   progress_bar=False)
+
+
+def _leaves(result):
+    return [np.asarray(x) for x in jax.tree.leaves((result.params, result.losses))]
+
+
+def test_a_run_at_another_epsilon_reuses_the_compiled_steps_with_the_new_sigma(monkeypatch):
+    svi = normal_mean_svi(clipping_threshold=1.0, N=N)
+    first = _run(svi, 1.0)
+    second = _run(svi, 4.0)
+    (run_chunk,) = _chunks(svi)
+    assert run_chunk._cache_size() == 1
+    assert second.sigma < first.sigma / 2
+    assert any(a.tobytes() != b.tobytes() for a, b in zip(_leaves(first), _leaves(second)))
+    # the reference: a fresh DPSVI whose program holds σ as a constant (the
+    # path of the discrete mechanism and of update); a σ stuck at the first
+    # run's, or any other scale, differs from it
+    monkeypatch.setattr(_private_step, "traced_noise_std", lambda svi, sigma: False)
+    reference = _run(normal_mean_svi(clipping_threshold=1.0, N=N), 4.0)
+    assert reference.sigma == second.sigma
+    for a, b in zip(_leaves(second), _leaves(reference)):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_the_first_run_says_it_compiles_and_a_reusing_run_does_not(caplog):
+    svi = normal_mean_svi(clipping_threshold=1.0, N=N)
+    with caplog.at_level(logging.INFO, logger="d3p"):
+        _run(svi, 1.0)
+        first = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+        caplog.clear()
+        _run(svi, 2.0)
+        second = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+    assert len(first) == 1 and "private step" in first[0]
+    assert second == []
+
+
+@pytest.mark.parametrize("settings", [dict(dp_scale=0.0, clipping_threshold=1.0),
+                                      dict(noise="discrete", dp_scale=2.0, clipping_threshold=1.0)])
+def test_sigma_stays_a_constant_where_the_program_depends_on_it(settings):
+    # σ = 0 draws no noise at all, the discrete mechanism's plan depends on σ:
+    # these keep σ in the program (and in the cache's key)
+    svi = normal_mean_svi(N=N, **settings)
+    svi.run(d3p.random.PRNGKey(0), 2, XS, batch_size=B, progress_bar=False)
+    ((key, _),) = svi._run_cache._chunks.items()
+    assert key[-1][-1] == settings["dp_scale"]
