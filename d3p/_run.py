@@ -233,8 +233,8 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         gather, run_chunk, compiled = svi._run_cache.steps(
             update, plan.sampler, svi.rng_suite, treedef, forward_mode, (_run_layout(svi), None if traced else plan.sigma))
         if not compiled:
-            _say("d3p: compiling the private step (first run of this model, data shapes and sampler only)",
-                 progress_bar)
+            _say("d3p: compiling the private step (once: later runs with the same data shapes, batch size and "
+                 "number of steps reuse it, at any ε)", progress_bar)
         # the steps' warning is given while they are traced: a later run with another σ is not traced again
         _private_step.warn_if_all_noise(svi, plan.sampler.expected_batch_size, stacklevel=3, sigma=plan.sigma)
         batch = lambda: jax.eval_shape(gather, batch_key, records, 0)[:2]   # noqa: E731 - shapes, when needed

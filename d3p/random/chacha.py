@@ -424,7 +424,19 @@ def _normal_f32_cpu(key, size: int) -> jax.Array:
         words = _keystream_words(key, 2 * size)
         padded = jnp.pad(words, (0, 16 * num_blocks - 2 * size)).reshape(num_blocks, 16)
         return lax.map(lambda w: _normal_f32(w[0::2], w[1::2]), padded).reshape(-1)[:size]
+    if size >= _ONCE_MIN_SIZE:
+        # the transform in a loop of two halves: the loop's output is a buffer,
+        # so XLA computes each normal once, where it would otherwise fuse the
+        # transform into every consumer (each parameter leaf's slice of the noise)
+        half = -(-size // 2)
+        words = _keystream_words(key, 4 * half).reshape(2, 2 * half)
+        _, z = lax.scan(lambda carry, w: (carry, _normal_f32(w[0::2], w[1::2])), None, words)
+        return z.reshape(-1)[:size]
     return _normal_f32_of_keystream(key, size)
+
+
+#: From this many normals on, the CPU program computes them in a loop of two halves (:func:`_normal_f32_cpu`).
+_ONCE_MIN_SIZE = 4096
 
 
 def randint(
