@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from d3p._clipping import _acc_dtype, _gamma, _rounding, _rows
+from d3p.random._common import in_two_halves
 
 PyTree = Any
 
@@ -95,7 +96,8 @@ def _df_tree_pytree(clipped: PyTree) -> Tuple[PyTree, PyTree]:
             out[i] = _df_tree(x)
     for dtype, idx in groups.items():
         rows = [_rows(leaves[i].astype(dtype)) for i in idx]
-        hi, lo = _df_tree(jnp.concatenate(rows, axis=1) if len(rows) > 1 else rows[0])
+        # computed once (in_two_halves over the entries), not fused into each leaf's slice of the sum
+        hi, lo = in_two_halves(_df_tree, [jnp.concatenate(rows, axis=1) if len(rows) > 1 else rows[0]], axis=1)
         start = 0
         for i, r in zip(idx, rows):
             shape = leaves[i].shape[1:]

@@ -672,9 +672,11 @@ def _ghost_sums(plan: Plan, leaf_rows, res_grads, param_leaves, factor, keep, bl
         h, l_ = _certified_sum._df_tree(_block_products(cA.astype(dtype), D0.astype(dtype), block_rows))
         hi[leaf] = to_leaf(plan, j, h, jnp.asarray(param_leaves[leaf], dtype))
         lo[leaf] = to_leaf(plan, j, l_, jnp.asarray(param_leaves[leaf], dtype))
-    for leaf, grad in zip(plan.residual_leaves, res_grads):
-        clipped = g._keep_records(grad, keep, factor)
-        hi[leaf], lo[leaf] = _certified_sum._df_tree(clipped.astype(g._acc_dtype(clipped.dtype)))
+    # the others' trees joined (small leaves in one tree, computed once: _df_tree_pytree)
+    clipped = [g._keep_records(grad, keep, factor) for grad in res_grads]
+    res_hi, res_lo = _certified_sum._df_tree_pytree(clipped)
+    for leaf, h, l_ in zip(plan.residual_leaves, res_hi, res_lo):
+        hi[leaf], lo[leaf] = h, l_
     return hi, lo
 
 

@@ -358,27 +358,27 @@ def private_sum(svi, loss_fn, params, records, mask, forward_mode, noise_key, C,
         )
 
     result = _sharding.sharded_sum(layout, float_sum, params, records, mask, shared)
-    std = svi._run_noise_std
-    if std is None:
-        std = gradients.noise_std(noise_multiplier(svi), C)
-    return result, gradients._add_noise(result.grad_sum, noise_key, std, svi.rng_suite)
+    sigma = noise_multiplier(svi) if svi._run_sigma is None else svi._run_sigma
+    noisy = add_gaussian_noise(result.grad_sum, noise_key, sigma, C, svi.rng_suite)
+    return result, noisy
 
 
-def traced_noise_std(svi, sigma) -> bool:
-    """Whether ``run``'s compiled steps take the noise's standard deviation
-    ``σ C`` as an argument (one program for every σ, :func:`noise_std_value`):
-    for Gaussian noise with a fixed finite ``C`` and ``σ > 0``. Otherwise σ
-    is a constant of the program (the discrete mechanism's plan and adaptive
-    clipping's count depend on it; ``σ = 0`` draws no noise at all)."""
+def traced_sigma(svi, sigma) -> bool:
+    """Whether ``run``'s compiled steps take σ as an argument (one program
+    for every σ, :func:`sigma_value`): for Gaussian noise with a fixed finite
+    ``C`` and ``σ > 0``. Otherwise σ is a constant of the program (the
+    discrete mechanism's plan and adaptive clipping's count depend on it;
+    ``σ = 0`` draws no noise at all)."""
     return (svi.noise == "gaussian" and svi.adaptive_clipping is None and sigma > 0
             and math.isfinite(svi.clipping_threshold))
 
 
-def noise_std_value(svi, sigma, params):
-    """``σ C`` rounded once to the dtype of the parameters, as the step
-    would compute it from constants (see :func:`traced_noise_std`)."""
-    dtype = jnp.result_type(*jax.tree.leaves(params))
-    return np.asarray(gradients.noise_std(sigma, svi.clipping_threshold), dtype)
+def sigma_value(sigma, params):
+    """σ as the argument of ``run``'s compiled steps (see :func:`traced_sigma`),
+    in the dtype of the parameters: the noise's std is then ``σ C`` computed
+    in that dtype (within a unit in the last place of the product of the
+    constants, which the program without the argument rounds once)."""
+    return np.asarray(_validate.non_negative("dp_scale", sigma), jnp.result_type(*jax.tree.leaves(params)))
 
 
 def step(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):

@@ -45,13 +45,13 @@ def _batch_gatherer(sampler, rng_suite, treedef):
 
 def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_params, fold_in):
     """``run_chunk(svi_state, average, keys, start, average_from, data, length,
-    noise_std) -> (svi_state, average, losses, ok)``: ``length`` steps of
+    sigma) -> (svi_state, average, losses, ok)``: ``length`` steps of
     ``update`` from step ``start`` on, in one jitted ``lax.scan`` (one
     compilation per ``length`` and data shapes; the keys, the data,
-    ``average_from`` and ``noise_std`` are arguments, so the compiled program
-    serves every run). ``noise_std``: the noise's ``σ C`` where the steps
-    take it as an argument (:func:`d3p._private_step.traced_noise_std`: a run
-    at another ε compiles nothing), else None and σ is a constant of the
+    ``average_from`` and ``sigma`` are arguments, so the compiled program
+    serves every run). ``sigma``: the noise multiplier where the steps take
+    it as an argument (:func:`d3p._private_step.traced_sigma`: a run at
+    another ε compiles nothing), else None and σ is a constant of the
     program. ``keys``: ``(batch_key, step_key)``; step ``i`` draws its batch
     with ``fold_in(batch_key, i)`` and its noise and Monte Carlo draws from
     ``fold_in(step_key, i)`` (:func:`step_keys`), never from the state's
@@ -75,15 +75,15 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
         return (svi_state, average, ok & batch_ok), loss
 
     @functools.partial(jax.jit, static_argnums=6)
-    def run_chunk(svi_state, average, keys, start, average_from, data, length, noise_std=None):
+    def run_chunk(svi_state, average, keys, start, average_from, data, length, sigma=None):
         steps = start + jnp.arange(length, dtype=jnp.uint32)
-        svi._run_noise_std = noise_std   # read by the step while it is traced; reset below
+        svi._run_sigma = sigma   # read by the step while it is traced; reset below
         try:
             (svi_state, average, ok), losses = lax.scan(
                 lambda c, i: body_fn(c, keys, i, average_from, data), (svi_state, average, jnp.bool_(True)),
                 steps)
         finally:
-            svi._run_noise_std = None
+            svi._run_sigma = None
         return svi_state, average, losses, ok
 
     return run_chunk
@@ -211,7 +211,7 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
     if batch_size is None and q is None:   # say what was chosen (from N alone)
         _say(_run_plan.describe_choice(plan.sampler), progress_bar)
     given = svi.dp_scale
-    svi.dp_scale = plan.sigma   # for this run's steps (the compiled steps are kept per σ); restored below
+    svi.dp_scale = plan.sigma   # for this run (its steps take σ as an argument or a constant); restored below
     try:
         _sharding.check_same_in_every_process("rng_key", rng_key)
         init_key, batch_key, step_key = step_keys(svi.rng_suite, rng_key)
@@ -229,9 +229,9 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         # with a mesh: the data set whole on every device, each taking its shard of every batch
         records, batch_key, step_key = _private_step.replicated(svi, records, batch_key, step_key)
         update = svi.stable_update if stable_update else svi.update
-        traced = _private_step.traced_noise_std(svi, plan.sigma)
-        gather, run_chunk, compiled = svi._run_cache.steps(
-            update, plan.sampler, svi.rng_suite, treedef, forward_mode, (_run_layout(svi), None if traced else plan.sigma))
+        traced = _private_step.traced_sigma(svi, plan.sigma)
+        gather, run_chunk, compiled = svi._run_cache.steps(update, plan.sampler, svi.rng_suite, treedef, forward_mode,
+                                                           (_run_layout(svi), None if traced else plan.sigma))
         if not compiled:
             _say("d3p: compiling the private step (once: later runs with the same data shapes, batch size and "
                  "number of steps reuse it, at any ε)", progress_bar)
@@ -244,11 +244,11 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         average_from = jnp.uint32(start_step + _averaging_start(average, num_steps))
 
         params = svi.optim.get_params(svi_state.optim_state)
-        noise_std = _private_step.noise_std_value(svi, plan.sigma, params) if traced else None
+        sigma = _private_step.sigma_value(plan.sigma, params) if traced else None
 
         def run_steps(svi_state, average, start, data, length):
             svi_state, average, losses, ok = run_chunk(svi_state, average, (batch_key, step_key), start,
-                                                       average_from, data, length, noise_std)
+                                                       average_from, data, length, sigma)
             return _require_batches(ok, plan.sampler, (svi_state, average, losses))
 
         mean = (params, jnp.zeros((), jnp.int32))

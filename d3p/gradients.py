@@ -225,13 +225,18 @@ def noise_std(dp_scale: float, clipping_threshold: float) -> float:
     >>> noise_std(0.0, float("inf"))
     0.0
 
-    :param float dp_scale: the noise multiplier ``sigma``, finite and ``>= 0``.
+    :param float dp_scale: the noise multiplier ``sigma``, finite and ``>= 0``;
+        or a traced 0-d array (σ as an argument of ``run``'s compiled steps,
+        which then serve every σ; checked by ``run``): the result is then
+        ``dp_scale * clipping_threshold``, a traced array.
     :param clipping_threshold: ``C > 0`` (``inf`` allowed); or a traced 0-d
         array (a ``C`` set during the run, e.g. by adaptive clipping, which
         keeps it within public positive bounds): it passes through
         unchecked and the result is a traced array (0.0 if ``dp_scale = 0``).
     :raises ValueError: for other values (``TypeError`` too for non-numbers).
     """
+    if isinstance(dp_scale, jax.core.Tracer):
+        return dp_scale * clipping_threshold
     dp_scale = _validate.non_negative("dp_scale", dp_scale)
     if isinstance(clipping_threshold, jax.core.Tracer):
         return 0.0 if dp_scale == 0 else dp_scale * clipping_threshold
@@ -254,8 +259,8 @@ def add_gaussian_noise(
     discrete mechanism and the marginal twin's float64 noise have their own
     primitives in :mod:`d3p.random`). The noise for all
     parameter leaves comes from one draw of ``rng_suite.normal(noise_key, (P,))``
-    over the ``P`` flattened coordinates. ``clipping_threshold`` may be a
-    traced 0-d array, as for :func:`noise_std`.
+    over the ``P`` flattened coordinates. ``dp_scale`` and ``clipping_threshold``
+    may be traced 0-d arrays, as for :func:`noise_std`.
 
     **Formal guarantees.** If ``grad_sum`` has L2 sensitivity ``C`` (add/remove
     one record, see :func:`clipped_grad_sum`), the output is the Gaussian
@@ -263,13 +268,7 @@ def add_gaussian_noise(
     and composition is what :mod:`d3p.accounting` computes. The noise does not
     depend on the data, the mask or the number of real records.
     """
-    return _add_noise(grad_sum, noise_key, noise_std(dp_scale, clipping_threshold), rng_suite)
-
-
-def _add_noise(grad_sum: PyTree, noise_key, std, rng_suite) -> PyTree:
-    """:func:`add_gaussian_noise` with the noise's standard deviation ``std``
-    given: a float (0.0: no noise), or an array (also traced: e.g. ``σ C`` as
-    an argument of ``run``'s compiled steps, which then serve every σ)."""
+    std = noise_std(dp_scale, clipping_threshold)
     leaves, treedef = jax.tree.flatten(grad_sum)
     if (isinstance(std, float) and std == 0.0) or not leaves:
         return grad_sum

@@ -268,12 +268,11 @@ class DPSVI(SVI):
         # numpyro hands optax transformations the loss value, which is not private: they get a public
         # constant instead (loss-reading transformations such as reduce_on_plateau then never adapt)
         self._optim_value = jnp.zeros(()) if getattr(self.optim, "update_with_value", False) else None
-        # what is found once: the model's public facts and the split of its ELBO per record structure
-        # (d3p._model_facts), the discrete mechanism's constants per parameter count, the (σ, batch size)
-        # pairs already warned about (d3p._private_step), run's compiled steps (d3p._run._RunCache)
+        # found once: the model's public facts, its ELBO's split per record structure (d3p._model_facts),
+        # the discrete mechanism's constants per parameter count, the (σ, batch size) pairs warned about
+        # (d3p._private_step), run's compiled steps (d3p._run._RunCache) and the σ they trace (while traced)
         self._public_scales, self._split_facts_cache, self._discrete_plans = {}, {}, {}
-        self._noise_warnings, self._run_cache = set(), _RunCache()
-        self._run_noise_std = None   # σ C as traced by run's compiled steps (d3p._run), while they are traced
+        self._noise_warnings, self._run_cache, self._run_sigma = set(), _RunCache(), None
         #: The :class:`d3p.gradients.StrategyChoice` of the most recent trace of
         #: this DPSVI's step (None before the first): which gradient strategy runs.
         self.strategy_choice = None

@@ -149,3 +149,12 @@ def test_cpu_lowering_keeps_the_cpu_programs():
     key = jnp.asarray(_KEY)
     assert count_while(_CALLS["split"], key, platform="cpu") >= 2
     assert "callback" in lowered_text(_CALLS["normal, 688,884 values (the VAE's noise)"], key, platform="cpu")
+
+
+@pytest.mark.parametrize("name", ["split", "fold_in", "convert_to_jax_rng_key", "normal, 60 values"])
+def test_cpu_optimized_block_function_holds_at_most_two_copies_of_a_double_round(name):
+    # compiled for CPU, XLA splits the loop's body into at most two kernels
+    # that share a double round's work; never the 16 per-word copies of ten
+    # written-out rounds (3,200 xor)
+    text = jax.jit(_CALLS[name]).lower(jnp.asarray(_KEY)).compile().as_text()
+    assert text.count(" xor(") <= 2 * _lowered.DOUBLE_ROUND_XORS

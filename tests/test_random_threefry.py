@@ -172,3 +172,49 @@ def test_same_values_as_jax_random_under_x64():
             jax.random.key_data(jax.random.key(np.int64(2**40 + 3), impl=_threefry.IMPL)),
             jax.random.key_data(jax.random.key(np.int64(2**40 + 3))),
         )
+
+
+# ---------------------------------------------------------------------------
+# computed once on CPU (d3p.random._common.in_two_halves)
+
+
+@pytest.mark.parametrize("shape, axis, out_axis", [((7,), 0, 0), ((2,), 0, 0), ((5, 9), 1, 0), ((6, 3, 4), 0, 1)])
+def test_in_two_halves_gives_the_values_of_the_function(shape, axis, out_axis):
+    from d3p.random._common import in_two_halves
+
+    x = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape) * 0.37 - 3.0
+
+    def fn(v):   # maps each position along `axis` to the same position along `out_axis`: (sum, max) over the rest
+        moved = jnp.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)
+        s, m = jnp.sin(moved).sum(1), moved.max(1)
+        return jnp.moveaxis(jnp.stack([s, m], axis=1), 0, out_axis), jnp.moveaxis(jnp.stack([m], axis=1), 0, out_axis)
+
+    for platform in ("cpu", "cuda"):
+        text = jax.jit(lambda v: in_two_halves(fn, [v], axis=axis, out_axis=out_axis)).trace(x).lower(
+            lowering_platforms=(platform,)).as_text()
+        assert ("stablehlo.while" in text) == (platform == "cpu")   # the loop on CPU only
+    got = jax.jit(lambda v: in_two_halves(fn, [v], axis=axis, out_axis=out_axis))(x)
+    want = fn(x)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_a_cpu_step_computes_its_monte_carlo_bits_once(monkeypatch):
+    # the private step of the logistic regression, compiled for CPU: its
+    # Threefry evaluations are computed once (in a loop of two halves); fused
+    # freely, XLA copied each into the kernels that read it (866 xor against 499)
+    import warnings
+
+    from test_svi_platforms import _logreg
+
+    def xor_count():
+        dpsvi, batch = _logreg(np.random.default_rng(0))
+        state = dpsvi.init(d3p.random.PRNGKey(0), *batch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            text = jax.jit(lambda s, *b: dpsvi.update(s, *b)).lower(state, *batch).compile().as_text()
+        return text.count(" xor(")
+
+    once = xor_count()
+    monkeypatch.setattr(_threefry, "in_two_halves", lambda fn, xs, **kwargs: fn(*xs))
+    assert once < 0.7 * xor_count()

@@ -12,6 +12,7 @@ import types
 import warnings
 
 import jax.numpy as jnp
+import jax
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -62,13 +63,20 @@ STEPS = 30
 def fitted():
     """One real fit, with spies on the noise and on DPSVI.run."""
     df = small_frame()
-    noise_calls, run_calls = [], []
+    noise_calls, run_calls, sigma_calls = [], [], []
     real_noise = d3p._private_step.add_gaussian_noise
     real_run = d3p.svi.DPSVI.run
+    real_sigma = d3p._private_step.sigma_value
 
     def noise_spy(grad_sum, noise_key, dp_scale, clipping_threshold, rng_suite=d3p.random):
-        noise_calls.append((float(dp_scale), float(clipping_threshold), rng_suite))
+        # σ is an argument of run's compiled steps (traced: its value is what sigma_spy sees)
+        traced = isinstance(dp_scale, jax.core.Tracer)
+        noise_calls.append((None if traced else float(dp_scale), float(clipping_threshold), rng_suite))
         return real_noise(grad_sum, noise_key, dp_scale, clipping_threshold, rng_suite)
+
+    def sigma_spy(sigma, params):
+        sigma_calls.append(float(sigma))
+        return real_sigma(sigma, params)
 
     def run_spy(self, rng_key, num_steps, *args, **kwargs):
         run_calls.append(types.SimpleNamespace(svi=self, num_steps=num_steps, args=args, kwargs=kwargs))
@@ -76,6 +84,7 @@ def fitted():
 
     mp = pytest.MonkeyPatch()
     mp.setattr(d3p._private_step, "add_gaussian_noise", noise_spy)
+    mp.setattr(d3p._private_step, "sigma_value", sigma_spy)
     mp.setattr(d3p.svi.DPSVI, "run", run_spy)
     try:
         with pytest.warns(SchemaInferenceWarning):
@@ -83,7 +92,8 @@ def fitted():
                           q=0.2, progress_bar=False)
     finally:
         mp.undo()
-    return types.SimpleNamespace(df=df, twin=tw, noise_calls=noise_calls, run_calls=run_calls)
+    return types.SimpleNamespace(df=df, twin=tw, noise_calls=noise_calls, run_calls=run_calls,
+                                 sigma_calls=sigma_calls)
 
 
 @pytest.mark.slow
@@ -103,7 +113,9 @@ def test_fit_is_dpsvi_with_reported_sigma(fitted):
     # the noise was drawn with that sigma and C, from the secure suite
     assert fitted.noise_calls, "add_gaussian_noise was never called"
     for dp_scale, C, suite in fitted.noise_calls:
-        assert dp_scale == p["sigma"] and C == p["clipping_threshold"] and suite is d3p.random
+        assert dp_scale in (None, p["sigma"]) and C == p["clipping_threshold"] and suite is d3p.random
+    if any(dp_scale is None for dp_scale, _, _ in fitted.noise_calls):   # traced: the compiled steps' argument
+        assert fitted.sigma_calls and all(s == p["sigma"] for s in fitted.sigma_calls)
     # one DPSVI.run on the encoded data with the matching sampler, from a public init state
     (call,) = fitted.run_calls
     assert call.svi.dp_scale == p["sigma"] and call.svi.clipping_threshold == p["clipping_threshold"]

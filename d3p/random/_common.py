@@ -88,3 +88,46 @@ def describe_key(key) -> str:
     if hasattr(key, "shape") and hasattr(key, "dtype"):
         return f"an array of shape {tuple(key.shape)} and dtype {key.dtype}"
     return f"an object of type {type(key).__name__}"
+
+
+def in_two_halves(fn, xs, axis: int = 0, out_axis: int = 0, cpu_only: bool = True):
+    """``fn(*xs)`` computed in a ``lax.scan`` of two steps, each over one half
+    of ``xs`` along ``axis``, for a ``fn`` that computes each position along
+    ``axis`` of its arguments into the same position along ``out_axis`` of
+    each of its outputs (an array or a tuple of arrays). The same values.
+
+    Why: a loop's output is a buffer, so XLA computes it once. Left to fuse
+    freely, XLA:CPU copies a cheap elementwise computation into every kernel
+    that reads it (a Threefry evaluation into each consumer of its bits, the
+    noise's transform into each parameter's slice of it, a sum over records
+    into each parameter's slice of the sum): programs several times larger,
+    which compile several times slower. XLA:CPU drops optimization barriers
+    before it fuses, so a barrier does not do this. With ``cpu_only`` (the
+    default) only programs lowered for CPU take the loop
+    (``jax.lax.platform_dependent``); other platforms compute ``fn(*xs)``.
+    """
+    n = xs[0].shape[axis]
+    if n < 2:
+        return fn(*xs)
+    half = -(-n // 2)
+
+    def halves(x):
+        x = jnp.moveaxis(x, axis, 0)
+        x = jnp.pad(x, [(0, 2 * half - n)] + [(0, 0)] * (x.ndim - 1))
+        return x.reshape((2, half) + x.shape[1:])
+
+    def looped(*xs):
+        _, out = jax.lax.scan(lambda carry, h: (carry, fn(*(jnp.moveaxis(x, 0, axis) for x in h))), None,
+                              [halves(x) for x in xs])
+        return jax.tree.map(lambda y: _joined(y, out_axis, n), out)
+
+    if not cpu_only:
+        return looped(*xs)
+    return jax.lax.platform_dependent(*xs, cpu=looped, default=fn)
+
+
+def _joined(y: jax.Array, out_axis: int, n: int) -> jax.Array:
+    """The two halves ``y[0]``, ``y[1]`` (stacked along axis 0, each split
+    along ``out_axis``) joined along ``out_axis`` and cut to ``n``."""
+    joined = jnp.concatenate([y[0], y[1]], axis=out_axis)
+    return jax.lax.slice_in_dim(joined, 0, n, axis=out_axis)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.random import define_prng_impl
 
-from d3p.random._common import rotl_u32
+from d3p.random._common import in_two_halves, rotl_u32
 
 __all__ = ["threefry2x32", "fast_key", "IMPL"]
 
@@ -80,24 +80,15 @@ def _seed(seed):
     return jnp.stack([high, low])
 
 
-def _in_two_steps(key, high, low):
-    """``threefry2x32(*key, high, low)`` computed in a loop of two steps,
-    each over half of the counters (see the module docstring)."""
-    size = high.size
-    half = -(-size // 2)
-    halves = [jnp.pad(x.reshape(-1), (0, 2 * half - size)).reshape(2, half) for x in (high, low)]
-    _, (b0, b1) = jax.lax.scan(lambda carry, x: (carry, threefry2x32(key[0], key[1], x[0], x[1])), None, halves)
-    return tuple(b.reshape(-1)[:size].reshape(high.shape) for b in (b0, b1))
-
-
 def _evaluated_once(key, high, low):
-    """``threefry2x32(*key, high, low)``, on CPU in a loop of two steps
-    (:func:`_in_two_steps`, see the module docstring); elsewhere written out,
-    as ``jax.random`` lowers it for GPUs. Chosen when the program is lowered."""
+    """``threefry2x32(*key, high, low)``, on CPU in a loop of two halves
+    (:func:`d3p.random._common.in_two_halves`, see the module docstring);
+    elsewhere written out, as ``jax.random`` lowers it for GPUs."""
     if high.size < 2:
         return threefry2x32(key[0], key[1], high, low)
-    return jax.lax.platform_dependent(
-        key, high, low, cpu=_in_two_steps, default=lambda k, h, lo: threefry2x32(k[0], k[1], h, lo))
+    shape = high.shape
+    b0, b1 = in_two_halves(lambda h, lo: threefry2x32(key[0], key[1], h, lo), [high.reshape(-1), low.reshape(-1)])
+    return b0.reshape(shape), b1.reshape(shape)
 
 
 def _split(key, shape):

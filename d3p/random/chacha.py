@@ -48,7 +48,8 @@ from jax.scipy.special import ndtri
 
 from d3p.random import _keystream
 from d3p.random._common import (
-    SUITE_API, describe_key, float_dtype, is_typed_jax_key, is_uint32_array, mulhi_u32, raw_jax_key_shape,
+    SUITE_API, describe_key, float_dtype, in_two_halves, is_typed_jax_key, is_uint32_array, mulhi_u32,
+    raw_jax_key_shape,
 )
 
 __all__ = [*SUITE_API, "as_key", "chacha20_block"]
@@ -425,13 +426,9 @@ def _normal_f32_cpu(key, size: int) -> jax.Array:
         padded = jnp.pad(words, (0, 16 * num_blocks - 2 * size)).reshape(num_blocks, 16)
         return lax.map(lambda w: _normal_f32(w[0::2], w[1::2]), padded).reshape(-1)[:size]
     if size >= _ONCE_MIN_SIZE:
-        # the transform in a loop of two halves: the loop's output is a buffer,
-        # so XLA computes each normal once, where it would otherwise fuse the
-        # transform into every consumer (each parameter leaf's slice of the noise)
-        half = -(-size // 2)
-        words = _keystream_words(key, 4 * half).reshape(2, 2 * half)
-        _, z = lax.scan(lambda carry, w: (carry, _normal_f32(w[0::2], w[1::2])), None, words)
-        return z.reshape(-1)[:size]
+        # computed once (in_two_halves), not fused into each parameter leaf's slice of the noise
+        words = _keystream_words(key, 2 * size)
+        return in_two_halves(_normal_f32, [words[0::2], words[1::2]], cpu_only=False)
     return _normal_f32_of_keystream(key, size)
 
 
