@@ -365,12 +365,11 @@ def private_sum(svi, loss_fn, params, records, mask, forward_mode, noise_key, C,
 
 def traced_sigma(svi, sigma) -> bool:
     """Whether ``run``'s compiled steps take σ as an argument (one program
-    for every σ, :func:`sigma_value`): for Gaussian noise with a fixed finite
-    ``C`` and ``σ > 0``. Otherwise σ is a constant of the program (the
+    for every σ, :func:`sigma_value`): for Gaussian noise with a fixed ``C``
+    and ``σ > 0`` (so ``C`` is finite). Otherwise σ is a constant of the program (the
     discrete mechanism's plan and adaptive clipping's count depend on it;
     ``σ = 0`` draws no noise at all)."""
-    return (svi.noise == "gaussian" and svi.adaptive_clipping is None and sigma > 0
-            and math.isfinite(svi.clipping_threshold))
+    return svi.noise == "gaussian" and svi.adaptive_clipping is None and sigma > 0
 
 
 def sigma_value(sigma, params):

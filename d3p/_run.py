@@ -176,7 +176,7 @@ def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, e
     finally:
         if bar is not None:
             bar.close()
-    return svi_state, average, losses[0] if len(losses) == 1 else jnp.concatenate(losses, axis=-1)
+    return svi_state, average, losses[0] if len(losses) == 1 else jnp.concatenate(losses)
 
 
 #: Most steps between two updates of ``run``'s progress bar.

@@ -17,6 +17,7 @@ import d3p.random
 from d3p.random import _keystream, chacha
 
 import _lowered
+from _lowered import lowered_text
 
 
 def _reference_words(key_words, num_words: int, counter: int = 0, nonce=(0, 0, 0)) -> np.ndarray:
@@ -28,11 +29,6 @@ def _reference_words(key_words, num_words: int, counter: int = 0, nonce=(0, 0, 0
 
 
 _KEY = (np.arange(8, dtype=np.uint32) * np.uint32(0x9E3779B9)) ^ np.uint32(0xDEADBEEF)
-
-
-def lowered_text(fn, *args, platform: str = "cuda") -> str:
-    """StableHLO of ``jit(fn)(*args)`` lowered for ``platform`` (no device needed)."""
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
 
 
 def count_while(fn, *args, platform: str = "cuda") -> int:

@@ -119,15 +119,11 @@ def in_two_halves(fn, xs, axis: int = 0, out_axis: int = 0, cpu_only: bool = Tru
     def looped(*xs):
         _, out = jax.lax.scan(lambda carry, h: (carry, fn(*(jnp.moveaxis(x, 0, axis) for x in h))), None,
                               [halves(x) for x in xs])
-        return jax.tree.map(lambda y: _joined(y, out_axis, n), out)
+        # the halves joined along out_axis, cut to n
+        return jax.tree.map(
+            lambda y: jax.lax.slice_in_dim(jnp.concatenate([y[0], y[1]], axis=out_axis), 0, n, axis=out_axis), out)
 
     if not cpu_only:
         return looped(*xs)
     return jax.lax.platform_dependent(*xs, cpu=looped, default=fn)
 
-
-def _joined(y: jax.Array, out_axis: int, n: int) -> jax.Array:
-    """The two halves ``y[0]``, ``y[1]`` (stacked along axis 0, each split
-    along ``out_axis``) joined along ``out_axis`` and cut to ``n``."""
-    joined = jnp.concatenate([y[0], y[1]], axis=out_axis)
-    return jax.lax.slice_in_dim(joined, 0, n, axis=out_axis)

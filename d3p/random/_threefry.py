@@ -11,11 +11,12 @@ This module registers the same generator with its 20 rounds written out. On
 CPU each evaluation (of ``split`` and ``random_bits``) runs as a ``lax.scan``
 of two steps, each computing half of the values: a loop's output is a
 buffer, so XLA computes the values once (XLA:CPU drops optimization
-barriers before it fuses). On other platforms the rounds are written out
-without a loop, as ``jax.random`` lowers them there. Written out without the loop, XLA fused the
-whole evaluation into every kernel that read its values, up to seven copies
-of each in a private step of the logistic regression, which made the step
-compile 2.7 times slower (8.4 s against 3.1 s; ``benchmarks/compile.py``). The key
+barriers before it fuses). Without the loop, XLA:CPU fused the whole
+evaluation into every kernel that read its values, up to seven copies of
+each in a private step of the logistic regression, which made the step
+compile 2.7 times slower (8.4 s against 3.1 s; ``benchmarks/compile.py``).
+On other platforms the rounds are written out without a loop, as
+``jax.random`` lowers them there. The key
 derivations (``split``, ``fold_in``) and the bit streams (``random_bits``)
 are those of ``jax.random`` with its default ``threefry2x32`` implementation
 and ``jax_threefry_partitionable=True`` (JAX's default): wrapping raw key data
@@ -84,8 +85,6 @@ def _evaluated_once(key, high, low):
     """``threefry2x32(*key, high, low)``, on CPU in a loop of two halves
     (:func:`d3p.random._common.in_two_halves`, see the module docstring);
     elsewhere written out, as ``jax.random`` lowers it for GPUs."""
-    if high.size < 2:
-        return threefry2x32(key[0], key[1], high, low)
     shape = high.shape
     b0, b1 = in_two_halves(lambda h, lo: threefry2x32(key[0], key[1], h, lo), [high.reshape(-1), low.reshape(-1)])
     return b0.reshape(shape), b1.reshape(shape)
