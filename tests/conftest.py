@@ -3,6 +3,7 @@
 import gc
 import os
 import pathlib
+import sys
 
 import jax
 import pytest
@@ -92,6 +93,21 @@ def _float32_checks(request):
         return
     with jax.enable_x64(False):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_twin_setups():
+    """Every test starts and ends without the DP-VI set-ups that ``d3p.twin.fit``
+    keeps between fits (``d3p.twin.inference._MIXTURE_SETUPS``): a test that
+    spies on the step (or patches it) must trace its own fit."""
+    def clear():
+        inference = sys.modules.get("d3p.twin.inference")
+        if inference is not None:
+            inference._MIXTURE_SETUPS.clear()
+
+    clear()
+    yield
+    clear()   # and the module fixtures set up between tests find none either
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -79,3 +79,49 @@ def test_sigma_stays_a_constant_where_the_program_depends_on_it(settings):
     svi.run(d3p.random.PRNGKey(0), 2, XS, batch_size=B, progress_bar=False)
     ((key, _),) = svi._run_cache._chunks.items()
     assert key[-1][-1] == settings["dp_scale"]
+
+
+def _traced_programs(fn):
+    """``(fn(), number of programs JAX traced while it ran)``: every jit,
+    eager op and compilation starts with a trace; the persistent compilation
+    cache does not hide one."""
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            events.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        return fn(), len(events)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_a_twin_fit_at_another_epsilon_compiles_nothing_and_applies_its_sigma():
+    pd = pytest.importorskip("pandas")
+    import d3p.twin as twin
+    from d3p.twin import ColumnSpec, Schema, inference
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"x": rng.normal(size=60), "c": rng.choice(["a", "b"], 60).astype(object)})
+    schema = Schema((ColumnSpec("x", "real", "float64", False, lower=-4.0, upper=4.0, distribution="normal"),
+                     ColumnSpec("c", "categorical", "str", False, levels=("a", "b"), distribution="categorical")))
+
+    def fit(epsilon, seed):
+        return twin.fit(df, epsilon, rng_key=d3p.random.PRNGKey(seed), schema=schema, family="mixture",
+                        num_components=2, num_steps=4, q=0.3, progress_bar=False)
+
+    inference._MIXTURE_SETUPS.clear()
+    first, traced_first = _traced_programs(lambda: fit(1.0, 0))
+    second, traced_second = _traced_programs(lambda: fit(4.0, 1))
+    assert traced_first > 0 and traced_second == 0
+    assert second.privacy["sigma"] < first.privacy["sigma"] / 2
+    # the reused set-up draws the new σ: a fresh one gives the same bits
+    inference._MIXTURE_SETUPS.clear()
+    fresh = fit(4.0, 1)
+    assert fresh.privacy["sigma"] == second.privacy["sigma"]
+    for a, b in zip(jax.tree.leaves(second.params), jax.tree.leaves(fresh.params)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert any(np.asarray(a).tobytes() != np.asarray(b).tobytes()
+               for a, b in zip(jax.tree.leaves(first.params), jax.tree.leaves(second.params)))

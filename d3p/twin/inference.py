@@ -13,6 +13,7 @@ import math
 import numbers
 import os
 import time
+from collections import OrderedDict
 from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import jax
@@ -528,16 +529,14 @@ def _fit_mixture(schema: Schema, x: np.ndarray, plan: "_Plan", key, model, guide
     """:func:`fit` with ``family="mixture"``: DP-VI with the plan's σ and sampler
     (with adaptive clipping, the plan's σ is the effective one of the gradient
     sums and the counts, and the gradient's own σ follows from it)."""
-    model, model_spec = _model(schema, model, num_components, plan.num_records)
-    guide, guide_spec = _guide(model, guide)
-    optim = numpyro.optim.Adam(cosine_decay(learning_rate, plan.num_steps)) if optimizer is None else optimizer
     adaptive = _adaptive.resolve(adaptive_clipping, clipping_threshold)
     dp_scale = plan.sigma
     if adaptive is not None:
         dp_scale = adaptive.split(plan.sigma)
-    svi = DPSVI(model, guide, optim, Trace_ELBO(), clipping_threshold=clipping_threshold, dp_scale=dp_scale,
-                adaptive_clipping=adaptive, N=plan.num_records)
-    result = _run(svi, guide, schema, x, plan, key, progress_bar, ledger)
+    setup = _mixture_setup(schema, plan, model, guide, num_components, clipping_threshold, learning_rate, optimizer,
+                           adaptive, dp_scale)
+    svi, model, model_spec, guide, guide_spec = setup.svi, setup.model, setup.model_spec, setup.guide, setup.guide_spec
+    result = _run(svi, setup.init, schema, x, plan, key, progress_bar, ledger)
     fit_info = _fit_info(plan, learning_rate, clipping_threshold, optimizer, seconds=time.monotonic() - t0)
     fit_info["adaptive_clipping"] = None if adaptive is None else {
         "target_quantile": adaptive.target_quantile, "learning_rate": adaptive.learning_rate,
@@ -691,17 +690,68 @@ def _guide(model, guide) -> Tuple[Callable, dict]:
     return guide, {"type": "custom", "name": getattr(guide, "__qualname__", type(guide).__name__)}
 
 
-def _run(svi: DPSVI, guide, schema: Schema, x: np.ndarray, plan: _Plan, key, progress_bar: bool, ledger=None):
-    """Initialise on public placeholder records (no private value enters the
-    initial state), then :meth:`DPSVI.run` with the plan's sampler; checks that
-    the run was accounted as planned."""
-    init_key, run_key = d3p.random.split(key, 2)
-    x0 = jnp.asarray(schema.placeholder_codes(1))   # public: valid codes of every column
+class _MixtureSetup(NamedTuple):
+    """A mixture fit's DP-VI set-up: the model, the guide, their saved
+    descriptions, the :class:`DPSVI` and its initialisation ``init(key, x0)``."""
+
+    svi: DPSVI
+    init: Callable
+    model: Callable
+    model_spec: dict
+    guide: Callable
+    guide_spec: dict
+
+
+#: Set-ups of the default mixture kept between fits, most recent last (see
+#: :func:`_mixture_setup`), and how many are kept.
+_MIXTURE_SETUPS: "OrderedDict[tuple, _MixtureSetup]" = OrderedDict()
+_MIXTURE_SETUPS_KEPT = 2
+
+
+def _mixture_setup(schema: Schema, plan: _Plan, model, guide, num_components, clipping_threshold: float,
+                   learning_rate: float, optimizer, adaptive, dp_scale: float) -> _MixtureSetup:
+    """The DP-VI set-up of a mixture fit. The default model, guide and
+    optimizer with a fixed C and Gaussian noise of σ > 0 are kept between
+    fits under their public settings (the schema, N, K, T, C, the step
+    size): a fit at another ε (another σ) reuses the DPSVI, whose compiled
+    steps take σ as an argument (:func:`d3p._private_step.traced_sigma`), and
+    compiles nothing. Nothing of the data is kept: the steps' compiled
+    programs and the model's public facts only."""
+    key = None
+    if model is None and guide is None and optimizer is None and adaptive is None and dp_scale > 0:
+        key = (schema.to_json(sort_keys=True), num_components, plan.num_records, plan.num_steps,
+               float(learning_rate), float(clipping_threshold))
+        if key in _MIXTURE_SETUPS:
+            _MIXTURE_SETUPS.move_to_end(key)
+            setup = _MIXTURE_SETUPS[key]
+            setup.svi.dp_scale = _validate.positive("dp_scale", dp_scale)
+            return setup
+    model, model_spec = _model(schema, model, num_components, plan.num_records)
+    guide, guide_spec = _guide(model, guide)
+    optim = numpyro.optim.Adam(cosine_decay(learning_rate, plan.num_steps)) if optimizer is None else optimizer
+    svi = DPSVI(model, guide, optim, Trace_ELBO(), clipping_threshold=clipping_threshold, dp_scale=dp_scale,
+                adaptive_clipping=adaptive, N=plan.num_records)
 
     def init(k, x):
         return svi.init(k, x, init_data=(x,))
 
-    state = jax.jit(init)(init_key, x0) if isinstance(guide, MixtureGuide) else init(init_key, x0)
+    setup = _MixtureSetup(svi, jax.jit(init) if isinstance(guide, MixtureGuide) else init, model, model_spec,
+                          guide, guide_spec)
+    if key is not None and svi.noise == "gaussian":
+        _MIXTURE_SETUPS[key] = setup
+        while len(_MIXTURE_SETUPS) > _MIXTURE_SETUPS_KEPT:
+            _MIXTURE_SETUPS.popitem(last=False)
+    return setup
+
+
+def _run(svi: DPSVI, init: Callable, schema: Schema, x: np.ndarray, plan: _Plan, key, progress_bar: bool,
+         ledger=None):
+    """Initialise on public placeholder records with ``init`` (no private
+    value enters the initial state), then :meth:`DPSVI.run` with the plan's
+    sampler; checks that the run was accounted as planned."""
+    init_key, run_key = d3p.random.split(key, 2)
+    x0 = jnp.asarray(schema.placeholder_codes(1))   # public: valid codes of every column
+    state = init(init_key, x0)
     result = svi.run(run_key, plan.num_steps, jnp.asarray(x), target_delta=plan.delta_run,
                      accountant=plan.accountant, progress_bar=progress_bar, init_state=state, ledger=ledger,
                      **plan.run_kwargs)
