@@ -98,12 +98,12 @@ def _float32_checks(request):
 @pytest.fixture(autouse=True)
 def _fresh_twin_setups():
     """Every test starts and ends without the DP-VI set-ups that ``d3p.twin.fit``
-    keeps between fits (``d3p.twin.inference._MIXTURE_SETUPS``): a test that
+    keeps between fits (``d3p.twin._mixture_setups.SETUPS``): a test that
     spies on the step (or patches it) must trace its own fit."""
     def clear():
-        inference = sys.modules.get("d3p.twin.inference")
-        if inference is not None:
-            inference._MIXTURE_SETUPS.clear()
+        setups = sys.modules.get("d3p.twin._mixture_setups")
+        if setups is not None:
+            setups.SETUPS.clear()
 
     clear()
     yield

@@ -13,7 +13,6 @@ import math
 import numbers
 import os
 import time
-from collections import OrderedDict
 from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import jax
@@ -29,6 +28,7 @@ import d3p.random
 from d3p import _adaptive, _validate, accounting, dputil, minibatch
 from d3p.ledger import PrivacyLedger, ZCDPRelease
 from d3p.svi import DPSVI
+from d3p.twin import _mixture_setups
 from d3p.twin._io import atomic_directory
 from d3p.twin.cells import CellSpace
 from d3p.twin.marginal import MarginalModel, fit_marginals, one_way_shares, plan_marginals
@@ -690,58 +690,31 @@ def _guide(model, guide) -> Tuple[Callable, dict]:
     return guide, {"type": "custom", "name": getattr(guide, "__qualname__", type(guide).__name__)}
 
 
-class _MixtureSetup(NamedTuple):
-    """A mixture fit's DP-VI set-up: the model, the guide, their saved
-    descriptions, the :class:`DPSVI` and its initialisation ``init(key, x0)``."""
-
-    svi: DPSVI
-    init: Callable
-    model: Callable
-    model_spec: dict
-    guide: Callable
-    guide_spec: dict
-
-
-#: Set-ups of the default mixture kept between fits, most recent last (see
-#: :func:`_mixture_setup`), and how many are kept.
-_MIXTURE_SETUPS: "OrderedDict[tuple, _MixtureSetup]" = OrderedDict()
-_MIXTURE_SETUPS_KEPT = 2
-
-
 def _mixture_setup(schema: Schema, plan: _Plan, model, guide, num_components, clipping_threshold: float,
-                   learning_rate: float, optimizer, adaptive, dp_scale: float) -> _MixtureSetup:
-    """The DP-VI set-up of a mixture fit. The default model, guide and
-    optimizer with a fixed C and Gaussian noise of σ > 0 are kept between
-    fits under their public settings (the schema, N, K, T, C, the step
-    size): a fit at another ε (another σ) reuses the DPSVI, whose compiled
-    steps take σ as an argument (:func:`d3p._private_step.traced_sigma`), and
-    compiles nothing. Nothing of the data is kept: the steps' compiled
-    programs and the model's public facts only."""
+                   learning_rate: float, optimizer, adaptive, dp_scale: float) -> _mixture_setups.MixtureSetup:
+    """The DP-VI set-up of a mixture fit; that of the default model, guide
+    and optimizer with a fixed C and σ > 0 is kept between fits under its
+    public settings (the schema, N, K, T, C, the step size), so that a fit at
+    another ε reuses its compiled steps (:mod:`d3p.twin._mixture_setups`)."""
     key = None
     if model is None and guide is None and optimizer is None and adaptive is None and dp_scale > 0:
         key = (schema.to_json(sort_keys=True), num_components, plan.num_records, plan.num_steps,
                float(learning_rate), float(clipping_threshold))
-        if key in _MIXTURE_SETUPS:
-            _MIXTURE_SETUPS.move_to_end(key)
-            setup = _MIXTURE_SETUPS[key]
-            setup.svi.dp_scale = _validate.positive("dp_scale", dp_scale)
-            return setup
-    model, model_spec = _model(schema, model, num_components, plan.num_records)
-    guide, guide_spec = _guide(model, guide)
-    optim = numpyro.optim.Adam(cosine_decay(learning_rate, plan.num_steps)) if optimizer is None else optimizer
-    svi = DPSVI(model, guide, optim, Trace_ELBO(), clipping_threshold=clipping_threshold, dp_scale=dp_scale,
-                adaptive_clipping=adaptive, N=plan.num_records)
 
-    def init(k, x):
-        return svi.init(k, x, init_data=(x,))
+    def build():
+        the_model, model_spec = _model(schema, model, num_components, plan.num_records)
+        the_guide, guide_spec = _guide(the_model, guide)
+        optim = numpyro.optim.Adam(cosine_decay(learning_rate, plan.num_steps)) if optimizer is None else optimizer
+        svi = DPSVI(the_model, the_guide, optim, Trace_ELBO(), clipping_threshold=clipping_threshold,
+                    dp_scale=dp_scale, adaptive_clipping=adaptive, N=plan.num_records)
 
-    setup = _MixtureSetup(svi, jax.jit(init) if isinstance(guide, MixtureGuide) else init, model, model_spec,
-                          guide, guide_spec)
-    if key is not None and svi.noise == "gaussian":
-        _MIXTURE_SETUPS[key] = setup
-        while len(_MIXTURE_SETUPS) > _MIXTURE_SETUPS_KEPT:
-            _MIXTURE_SETUPS.popitem(last=False)
-    return setup
+        def init(k, x):
+            return svi.init(k, x, init_data=(x,))
+
+        return _mixture_setups.MixtureSetup(svi, jax.jit(init) if isinstance(the_guide, MixtureGuide) else init,
+                                            the_model, model_spec, the_guide, guide_spec)
+
+    return _mixture_setups.kept(key, build, dp_scale)
 
 
 def _run(svi: DPSVI, init: Callable, schema: Schema, x: np.ndarray, plan: _Plan, key, progress_bar: bool,
