@@ -126,7 +126,10 @@ def _accountant_used(args: argparse.Namespace) -> str:
 
 
 def _display(acc) -> str:
-    return f"{acc.relation.replace('_', '-')} [{acc.describe()}]"
+    """The sampler and its relation, each named once, as the options spell
+    them (``sampling=poisson, relation=add-remove``)."""
+    sampling = {"fixed_size": "fixed"}.get(str(acc.sampler), str(acc.sampler))
+    return f"sampling={sampling}, relation={acc.relation.replace('_', '-')}"
 
 
 # ---------------------------------------------------------------------------
@@ -152,7 +155,7 @@ def _run_sigma(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
                               sampler=args.sampling, relation=args.relation, noise=args.noise,
                               accountant=args.accountant)
     print(f"sigma={sigma:.6g} (epsilon={eps:.6g} <= {args.epsilon:g} at delta={args.delta:g}, "
-          f"q={args.q:g}, steps={args.steps}, relation={_display(acc)}, "
+          f"q={args.q:g}, steps={args.steps}, {_display(acc)}, "
           f"accountant={_accountant_used(args)})")
     return 0
 
@@ -184,7 +187,7 @@ def _run_epsilon(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     acc = _accounting(args, parser)
     eps = _evaluate(parser, acc.epsilon, args.sigma, args.q, args.steps, args.delta, accountant=args.accountant)
     print(f"epsilon={eps:.6g} (sigma={args.sigma:g}, q={args.q:g}, steps={args.steps}, "
-          f"delta={args.delta:g}, relation={_display(acc)}, accountant={_accountant_used(args)})")
+          f"delta={args.delta:g}, {_display(acc)}, accountant={_accountant_used(args)})")
     return 0
 
 
@@ -281,7 +284,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     which argparse reports by raising ``SystemExit``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_in(argv))
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:   # shown with the usage of the command they were given to
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.func(args, getattr(args, "command_parser", parser))
 
 

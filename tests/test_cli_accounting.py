@@ -116,7 +116,7 @@ def test_fixed_size_sampling_uses_the_dominating_pair(capsys):
     for extra in (["--sampling", "fixed"], ["--relation", "substitute"]):
         assert main(base + extra) == 0
         out = capsys.readouterr().out
-        assert "fixed-size" in out
+        assert "sampling=fixed, relation=substitute" in out
         assert _value("epsilon", out) == pytest.approx(eps_ref, rel=1e-3)
     assert main(base + ["--sampling", "poisson", "--relation", "substitute"]) == 0
     assert _value("epsilon", capsys.readouterr().out) < 4.01   # the midpoint pair, valid for Poisson only
@@ -131,7 +131,7 @@ def test_fixed_size_sampling_uses_the_dominating_pair(capsys):
 def test_sampling_fixed_is_the_fixed_size_sampler(capsys):
     argv = ["epsilon", "--sigma", "2", "--q", "0.01", "--steps", "100", "--delta", "1e-5", "--sampling", "fixed"]
     assert main(argv) == 0
-    assert "fixed-size" in capsys.readouterr().out
+    assert "sampling=fixed, relation=substitute" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("option, value, message", [

@@ -234,3 +234,32 @@ def test_twin_summary_is_short_labelled_and_singular(tmp_path, capsys):
     assert f"in {schema}" in out and "pass it with --schema" not in out
     assert f"WARNING: {schema} marks schema fields of 1 column as read from the data" in err
     assert "utility" not in out
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["sigma", "--epsilon", "1", *ACCOUNTING], "sampling=poisson, relation=add-remove"),
+    (["epsilon", "--sigma", "1", *ACCOUNTING], "sampling=poisson, relation=add-remove"),
+    (["sigma", "--epsilon", "1", *ACCOUNTING, "--sampling", "fixed"], "sampling=fixed, relation=substitute"),
+])
+def test_sigma_and_epsilon_name_the_sampler_and_relation_once(argv, named, capsys):
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("relation") == 1 and out.count("sampling") == 1 and named in out
+
+
+def test_one_release_is_one_release_not_one_releases():
+    import warnings
+
+    import d3p.random
+    import d3p.twin as twin
+    from d3p.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger()
+    frame = pd.DataFrame({"c": np.random.default_rng(0).choice(["a", "b"], 200)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tw = twin.fit(frame, 1.0, rng_key=d3p.random.PRNGKey(0), family="marginal", ledger=ledger,
+                      progress_bar=False)
+    summary = ledger.summary()
+    assert tw.privacy["num_releases"] == 1 and "1 releases" not in summary
+    assert "(1 release," in summary and "marginal twin: 1 release:" in summary

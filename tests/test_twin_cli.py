@@ -283,3 +283,90 @@ def test_adaptive_clipping_option(tmp_path, capsys):
             code = exc.code
         assert code == EXIT_BAD_INPUT
         assert match in capsys.readouterr().err and not out_csv.exists()
+
+
+# ------------------------------------------------- checks before the fit, wording
+
+
+@pytest.fixture
+def no_fit(monkeypatch):
+    """Make any fit an error: the checks under test must come before it."""
+    import d3p.twin.cli as cli
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fit started")
+
+    monkeypatch.setattr(cli, "_fit", refuse)
+
+
+@pytest.mark.parametrize("target, message", [
+    ("x", "is continuous"),                  # a real-valued column
+    ("id", "at most 50 classes"),            # an integer column with 120 values
+])
+def test_a_target_the_report_cannot_predict_is_refused_before_the_fit(tmp_path, capsys, no_fit, target, message):
+    frame = good_frame().assign(id=np.arange(120))
+    inp, out_csv = write_csv(tmp_path / "in.csv", frame), tmp_path / "out.csv"
+    code, out, err = run_main([inp, out_csv, "--epsilon", "1", "--target", target, "--max-levels", "200"], capsys)
+    assert code == EXIT_BAD_INPUT and f"--target '{target}'" in err and message in err
+    assert "Traceback" not in err and not out_csv.exists()
+
+
+def test_a_target_is_not_checked_when_nothing_predicts_it(tmp_path, capsys, monkeypatch):
+    import d3p.twin.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "_fit", lambda *a, **k: seen.append(True) or (_ for _ in ()).throw(RuntimeError("stop")))
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    with pytest.raises(RuntimeError, match="stop"):
+        main([inp, str(tmp_path / "out.csv"), "--epsilon", "1", "--target", "x", "--no-utility"])
+    assert seen == [True]   # the marginal twin can steer its rounds by a continuous column
+
+
+def test_an_output_directory_that_is_not_writable_is_refused_before_reading(tmp_path, capsys, monkeypatch):
+    import d3p.twin.cli as cli
+
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if str(p) == str(locked) else real_access(p, mode))
+    monkeypatch.setattr(cli, "_read_csv", lambda *a, **k: (_ for _ in ()).throw(AssertionError("read")))
+    code, out, err = run_main([inp, locked / "out.csv", "--epsilon", "1"], capsys)
+    assert code == EXIT_BAD_INPUT and "is not writable" in err and "output" in err
+
+
+def test_errors_name_the_options_not_the_arguments(tmp_path, capsys):
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    code, out, err = run_main([inp, tmp_path / "out.csv", "--epsilon", "1", "--max-levels", "2"], capsys)
+    assert code == EXIT_BAD_INPUT and "--max-levels 2" in err and "max_levels" not in err
+    from d3p.twin.cli import main_twin_schema  # noqa: F401 - the same wording in twin-schema
+    import d3p.__main__ as top
+
+    code = top.main(["twin-schema", inp, str(tmp_path / "s.json"), "--max-levels", "2"])
+    out, err = capsys.readouterr()
+    assert code == EXIT_BAD_INPUT and "--max-levels 2" in err and "max_levels" not in err
+
+
+@pytest.mark.parametrize("command", [["twin", "in.csv", "out.csv", "--epsilon", "1"],
+                                     ["sigma", "--epsilon", "1", "--delta", "1e-5", "--q", "0.01", "--steps", "10"]])
+def test_an_unknown_option_shows_the_usage_of_its_command(capsys, command):
+    import d3p.__main__ as top
+
+    with pytest.raises(SystemExit) as e:
+        top.main(command + ["--bogus"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"usage: python -m d3p {command[0]}" in err
+    assert f"python -m d3p {command[0]}: error: unrecognized arguments: --bogus" in err
+
+
+def test_family_auto_is_described_by_the_rule_the_code_uses():
+    import argparse
+
+    from d3p.twin.inference import MARGINAL_MAX_NOISE_TV, MIXTURE_MIN_RECORDS
+
+    parser = argparse.ArgumentParser()
+    add_twin_subparser(parser.add_subparsers())
+    (family,) = [a for a in parser._subparsers._group_actions[0].choices["twin"]._actions if a.dest == "family"]
+    text = " ".join(family.help.split())
+    assert f"at most {MARGINAL_MAX_NOISE_TV:g} in total-variation distance" in text
+    assert f"fewer than {MIXTURE_MIN_RECORDS} records" in text and "categorical or boolean" not in text

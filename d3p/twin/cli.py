@@ -108,9 +108,13 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="number of synthetic records (default: as many as the input)")
     parser.add_argument("--family", choices=("auto", "marginal", "mixture"), default="auto",
                         help="model: 'marginal' (noisy marginal tables and a graphical model), 'mixture' "
-                             "(a mixture fitted with DP-VI) or 'auto' (default: marginal if at least half of "
-                             "the columns are categorical or boolean; --components, --steps, --q, --clip and "
-                             "--learning-rate mean mixture)")
+                             "(a mixture fitted with DP-VI) or 'auto' (default: from public settings only, "
+                             "the marginal twin if the noise of its one-way tables, as planned for epsilon, "
+                             "delta, the schema's cells and N, is expected to put them at most 0.3 in "
+                             "total-variation distance from the true ones on average over the columns (or "
+                             "with epsilon inf or fewer than 20 records); the mixture otherwise; --components, "
+                             "--steps, --q, --clip, "
+                             "--learning-rate and --adaptive-clipping mean mixture)")
     parser.add_argument("--components", type=_POSITIVE_INT, default=None, metavar="K",
                         help="mixture components (default: max(3, min(8, max(N // 1000, D // 4))))")
     parser.add_argument("--steps", type=_POSITIVE_INT, default=None, metavar="T",
@@ -225,6 +229,8 @@ def _check_paths(args) -> None:
         parent = os.path.dirname(ap)
         if not os.path.isdir(parent):
             raise _BadInput(f"the directory {parent!r} for {what} does not exist")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise _BadInput(f"the directory {parent!r} for {what} is not writable")
         if os.path.exists(path):
             if not args.overwrite:
                 raise _BadInput(f"{what} {path!r} exists; pass --overwrite to replace it")
@@ -304,6 +310,7 @@ def _run(args) -> int:
 
     try:
         data, schema = _read_inputs(args)
+        _check_target(args, data, schema)
         key, seed_text = _rng_key(args)
         ledger = _ledger(args)
         twin = _fit(args, data, schema, key, ledger)
@@ -312,11 +319,10 @@ def _run(args) -> int:
         num_synthetic = args.num_synthetic or len(data)
         synthetic = twin.generate(num_synthetic, _generation_key(key))
     except TwinInputError as e:
-        raise _BadInput(str(e)) from None
-    if args.schema is not None:
-        # the report's real data: the records as the schema maps them, i.e.
-        # as the twin saw them (the columns it describes were read as text)
-        data = twin.schema.decode(twin.schema.encode(data))
+        raise _BadInput(_validate.in_option_terms(str(e), _OPTIONS, _VALUES)) from None
+    # the report's real data: with --schema the records as the schema maps
+    # them, i.e. as the twin saw them (the columns it describes were read as text)
+    data = _report_data(args, data, twin.schema)
     metrics = None if args.no_utility and not args.report_dir else _utility(args, data, synthetic, twin)
     num_report_files = _write_outputs(args, data, synthetic, twin, metrics)
     lines = _summary(args, twin, num_records=len(data), num_synthetic=num_synthetic, seed_text=seed_text,
@@ -327,6 +333,27 @@ def _run(args) -> int:
         lines += _utility_lines(metrics)
     print("\n".join(lines))
     return 0
+
+
+def _report_data(args, data, schema):
+    """The real records the report compares with: with ``--schema``, as the
+    schema maps them (as the twin sees them); else as read."""
+    return schema.decode(schema.encode(data)) if args.schema is not None else data
+
+
+def _check_target(args, data, schema) -> None:
+    """Before the fit: whether the report can predict ``--target`` (the
+    checks of the train-on-synthetic accuracy, on the real records it will
+    be tested on), where the utility figures or the report are asked for."""
+    if args.target is None or (args.no_utility and not args.report_dir):
+        return
+    from d3p.twin.metrics import check_classification_target
+
+    try:
+        check_classification_target(_report_data(args, data, schema).rename(columns=str), args.target)
+    except (ValueError, ImportError) as e:
+        raise _BadInput(f"--target {args.target!r}: {e} (checked before the fit: the utility figures predict "
+                        "it; --no-utility without --report-dir skips them)") from None
 
 
 def _read_inputs(args, *, command: str = "twin"):
@@ -652,9 +679,9 @@ def main_twin_schema(args: argparse.Namespace, parser: Optional[argparse.Argumen
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
-    except (_BadInput, TwinInputError) as e:
+    except _BadInput as e:
         return _err(str(e), "twin-schema")
-    except (ValueError, TypeError) as e:
+    except (TwinInputError, ValueError, TypeError) as e:
         return _err(_validate.in_option_terms(str(e), _OPTIONS, _VALUES), "twin-schema")
     except (PermissionError, IsADirectoryError, FileNotFoundError) as e:
         return _err(str(e), "twin-schema")

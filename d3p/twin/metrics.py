@@ -364,20 +364,40 @@ def train_on_synthetic_accuracy(
 _CLASSIFIERS = ("logistic", "random_forest")
 
 
+def check_classification_target(real_test: pd.DataFrame, target: str) -> None:
+    """Raise ``ValueError`` if :func:`train_on_synthetic_accuracy` cannot
+    predict ``target`` on ``real_test`` (a continuous column, more than 50
+    classes, no value), and ``ImportError`` without scikit-learn: the checks
+    it makes, which need no synthetic data (the command line makes them
+    before it fits). NOT private: reads the real data.
+
+    :param pandas.DataFrame real_test: the real records to test on.
+    :param str target: the column to predict.
+    """
+    _require_sklearn()
+    if target not in real_test.columns:
+        raise ValueError(f"Expected target to be one of the columns {list(real_test.columns)}, got "
+                         f"target={target!r}.")
+    t = real_test[target]
+    if (_is_numeric(t) and not pd.api.types.is_integer_dtype(t.dtype)
+            and t.nunique() > NUMERIC_MAX_LEVELS):
+        raise ValueError(
+            f"Expected a categorical target, but column {target!r} is continuous ({t.dtype}, more than "
+            f"{NUMERIC_MAX_LEVELS} distinct values); choose a categorical, boolean or integer column."
+        )
+    if t.nunique() > 50:
+        raise ValueError(f"Expected a target with at most 50 classes, column {target!r} has {t.nunique()}.")
+    if not t.notna().any():
+        raise ValueError(
+            f"Expected some real test records with a target value, column {target!r} is all missing.")
+
+
 class _Classification:
     """One classification task of :func:`train_on_synthetic_accuracy`: predict
     ``target`` from the other columns, scored on the real test records."""
 
     def __init__(self, real_test: pd.DataFrame, target: str, classifier: str, random_state: int):
-        t = real_test[target]
-        if (_is_numeric(t) and not pd.api.types.is_integer_dtype(t.dtype)
-                and t.nunique() > NUMERIC_MAX_LEVELS):
-            raise ValueError(
-                f"Expected a categorical target, but column {target!r} is continuous ({t.dtype}, more than "
-                f"{NUMERIC_MAX_LEVELS} distinct values); choose a categorical, boolean or integer column."
-            )
-        if t.nunique() > 50:
-            raise ValueError(f"Expected a target with at most 50 classes, column {target!r} has {t.nunique()}.")
+        check_classification_target(real_test, target)
         features = [c for c in real_test.columns if c != target]
         self.target, self.random_state = target, random_state
         self.numeric_cols = [c for c in features if _is_numeric(real_test[c])]
