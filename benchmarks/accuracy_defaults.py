@@ -51,7 +51,7 @@ import formulation_accuracy as fa  # noqa: E402
 
 import d3p.random  # noqa: E402
 from d3p._paper_models import logistic_regression_guide, logistic_regression_model  # noqa: E402
-from d3p.svi import DPSVI  # noqa: E402
+from d3p.svi import AdaptiveClipping, DPSVI  # noqa: E402
 
 EPSILONS = (1.0, 8.0)
 
@@ -125,10 +125,13 @@ FITS = {   # name -> (run's keywords, epsilon override)
 }
 
 
-def fit(p, name, epsilon, seed, cache, formulation="own_sample"):
+def fit(p, name, epsilon, seed, cache, formulation="own_sample", adaptive=None):
+    """One private fit; ``adaptive``: the target quantile of adaptive
+    clipping (``p.C`` its first threshold), or None for a fixed ``p.C``."""
     if name not in cache:
+        clipping = None if adaptive is None else AdaptiveClipping(target_quantile=adaptive)
         cache[name] = DPSVI(p.model, p.guide, numpyro.optim.Adam(p.lr), Trace_ELBO(), clipping_threshold=p.C,
-                            dp_scale=None, N=p.N, formulation=formulation, **p.shared)
+                            dp_scale=None, N=p.N, formulation=formulation, adaptive_clipping=clipping, **p.shared)
     epsilon = float("inf") if name.endswith("σ = 0") else epsilon
     result = cache[name].run(d3p.random.PRNGKey(seed), p.steps, *p.train, epsilon=epsilon, delta=1.0 / p.N**2,
                              progress_bar=False, **FITS[name](p))
@@ -177,15 +180,21 @@ def sweep(args):
                 for name in args.fits:
                     if name.endswith("σ = 0") and epsilon != args.epsilons[0]:
                         continue
-                    results = [fit(p, name, epsilon, seed, cache, args.formulation) for seed in range(args.seeds)]
+                    results = [fit(p, name, epsilon, seed, cache, args.formulation,
+                                   None if name.endswith("σ = 0") else args.adaptive) for seed in range(args.seeds)]
                     got = [figures(p, r.params, ref, jax.random.PRNGKey(100 + seed)) for seed, r in enumerate(results)]
-                    row = dict(problem=pname, C=C, lr=p.lr, formulation=args.formulation,
+                    final_C = [None if r.state.clipping_threshold is None else float(r.state.clipping_threshold)
+                               for r in results]
+                    row = dict(problem=pname, C=C, lr=p.lr, formulation=args.formulation, adaptive=args.adaptive,
+                               final_C=final_C,
                                epsilon=None if name.endswith("σ = 0") else epsilon, fit=name, **_over_seeds(got),
                                sigma=results[-1].sigma, reference_predictive=ref_pred, seeds=args.seeds,
                                per_seed=got)
                     rows.append(row)
                     eps_text = "—" if row["epsilon"] is None else f"{epsilon:g}"
-                    print(f"| {pname} | {C:g} | {p.lr:g} | {eps_text} | {name} | {results[-1].sigma:.3g} | "
+                    C_text = f"{C:g}" if args.adaptive is None or name.endswith("σ = 0") else \
+                        f"adaptive {args.adaptive:g} from {C:g} (final {np.mean(final_C):.3g})"
+                    print(f"| {pname} | {C_text} | {p.lr:g} | {eps_text} | {name} | {results[-1].sigma:.3g} | "
                           f"{row['error_sds']:.2f} | {row['sd_ratio']:.2f} | {row['predictive']:.4f} "
                           f"({ref_pred:.4f}) |", flush=True)
     fa.write_rows(args.output_dir, "accuracy_sweep.json", rows)
@@ -204,8 +213,11 @@ def main(argv=None):
                         help="clipping thresholds C to sweep (default: the problem's own)")
     parser.add_argument("--lr", type=float, default=None, help="Adam's step size (default: the problem's own)")
     parser.add_argument("--formulation", default="own_sample", help="DPSVI's formulation (default own_sample)")
+    parser.add_argument("--adaptive", type=float, default=None, metavar="QUANTILE",
+                        help="adaptive clipping to this quantile, each --clip its first threshold (the σ = 0 "
+                             "rows keep C fixed)")
     args = parser.parse_args(argv)
-    if args.clip or args.lr or args.formulation != "own_sample":
+    if args.clip or args.lr or args.formulation != "own_sample" or args.adaptive is not None:
         return sweep(args)
     warnings.simplefilter("ignore")
     print(f"jax {jax.__version__}, numpyro {numpyro.__version__}, backend {jax.default_backend()}", flush=True)

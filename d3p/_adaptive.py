@@ -44,6 +44,8 @@ from d3p.gradients import add_gaussian_noise
 
 __all__ = [
     "AdaptiveClipping",
+    "chosen",
+    "describe_chosen",
     "effective_sigma",
     "gradient_sigma",
     "centred_count",
@@ -58,6 +60,12 @@ __all__ = [
 COUNT_SHARE = 0.1
 #: The default bounds of ``C``: the initial threshold divided and multiplied by this.
 BOUND_FACTOR = 1000.0
+#: ``C`` chosen for the user (``DPSVI`` without ``clipping_threshold``, asking
+#: ``run`` for an ε): adaptive clipping to this quantile of the per-record
+#: gradient norms (benchmarks/README.md, "C chosen by adaptive clipping").
+CHOSEN_QUANTILE = 0.98
+#: ... starting from this ``C``.
+CHOSEN_FIRST_THRESHOLD = 1.0
 
 
 def effective_sigma(sigma: float, count_noise: float) -> float:
@@ -169,6 +177,26 @@ class AdaptiveClipping(NamedTuple):
         while sigma_eff and effective_sigma(sigma, self.count_std(sigma)) < sigma_eff:   # rounding
             sigma = math.nextafter(sigma, math.inf)
         return sigma
+
+
+def chosen(value, clipping_threshold):
+    """``DPSVI``'s ``adaptive_clipping`` argument where the user gave no
+    ``clipping_threshold`` (then :data:`CHOSEN_FIRST_THRESHOLD` is the first
+    ``C``): the user's adaptive clipping, else adaptive clipping to the
+    :data:`CHOSEN_QUANTILE` quantile; with a ``clipping_threshold``, ``value``."""
+    if clipping_threshold is not None:
+        return value
+    if value is False:
+        raise TypeError("Expected clipping_threshold with adaptive_clipping=False: without it C is chosen by "
+                        "adaptive clipping.")
+    return AdaptiveClipping(target_quantile=CHOSEN_QUANTILE) if value is None else value
+
+
+def describe_chosen(settings: "AdaptiveClipping") -> str:
+    """What ``run`` says when it chose ``C`` (:func:`chosen`)."""
+    return (f"d3p: no clipping_threshold given: C follows a private estimate of the {settings.target_quantile:g} "
+            f"quantile of the per-record gradient norms, from C = {CHOSEN_FIRST_THRESHOLD:g} (adaptive "
+            f"clipping; its counts take {COUNT_SHARE:.0%} of each step's privacy, within the ε asked)")
 
 
 def resolve(value, clipping_threshold: float, *, noise: str = "gaussian", mesh=None) -> Optional[AdaptiveClipping]:

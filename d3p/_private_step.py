@@ -42,8 +42,12 @@ def privacy_settings(clipping_threshold, dp_scale):
     """``(C, sigma)`` as floats: ``C > 0`` and ``sigma >= 0`` finite, except
     ``C = inf`` together with ``sigma = 0`` (no privacy, for testing)."""
     if clipping_threshold is None:
+        if dp_scale is None:   # C chosen by adaptive clipping (d3p._adaptive.chosen), σ by run(epsilon=...)
+            return _adaptive.CHOSEN_FIRST_THRESHOLD, None
         raise TypeError("Expected clipping_threshold, the clipping threshold C > 0 of each record's gradient "
-                        "(inf only with dp_scale=0, no privacy), got none.")
+                        "(inf only with dp_scale=0, no privacy), got none with dp_scale given. (Leave out both "
+                        "to ask run(..., epsilon=...) for an ε: it then calibrates σ and C follows adaptive "
+                        "clipping.)")
     C = _validate.positive("clipping_threshold", clipping_threshold, finite=False)
     if dp_scale is None:   # chosen by run(..., epsilon=...)
         if math.isinf(C):

@@ -15,7 +15,7 @@ import numpy as np
 import tqdm
 from jax import lax
 
-from d3p import _init_state, _model_facts, _private_step, _run_plan, _sharding, _validate, minibatch
+from d3p import _adaptive, _init_state, _model_facts, _private_step, _run_plan, _sharding, _validate, minibatch
 from d3p._checkpoint import Checkpoint, continue_from
 from d3p._public_init import public_records
 from d3p._records import _records
@@ -210,6 +210,8 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
                               accountant, relation, epsilon)
     if batch_size is None and q is None:   # say what was chosen (from N alone)
         _say(_run_plan.describe_choice(plan.sampler), progress_bar)
+    if svi.clipping_chosen and svi.adaptive_clipping is not None:
+        _say(_adaptive.describe_chosen(svi.adaptive_clipping), progress_bar)
     given = svi.dp_scale
     svi.dp_scale = plan.sigma   # for this run (its steps take σ as an argument or a constant); restored below
     try:

@@ -97,7 +97,11 @@ class DPSVI(SVI):
         one record at a time (NumPyro's name; d3p 0.2's keyword
         ``per_example_loss=`` is the same argument: give one of the two).
     :param float clipping_threshold: ``C > 0``, finite; ``inf`` only together
-        with ``dp_scale=0`` (no privacy, for testing).
+        with ``dp_scale=0`` (no privacy, for testing). Or None (default)
+        together with ``dp_scale=None``: ``C`` is chosen, by adaptive
+        clipping to the 0.98 quantile of the per-record gradient norms from
+        ``C = 1`` (or the ``adaptive_clipping`` given), within the ε asked
+        of :meth:`run` (``run`` says so; docs/privacy.md, "Adaptive clipping").
     :param float dp_scale: the noise multiplier ``sigma >= 0``
         (from :func:`d3p.dputil.approximate_sigma`); or None, and ask
         :meth:`run` for an ε instead (``run(..., epsilon=...)`` calibrates σ
@@ -247,7 +251,7 @@ class DPSVI(SVI):
         per_example_loss, static_kwargs, declared_N = _numpyro_compat.arguments(model, guide, loss,
                                                                                  per_example_loss, static_kwargs)
         super().__init__(model, guide, optim, per_example_loss, **static_kwargs)
-        self.declared_N = declared_N   # N given but not taken by the model: checked against its records plate
+        self.declared_N, self.clipping_chosen = declared_N, clipping_threshold is None   # see _numpyro_compat, run
         self.clipping_threshold, self.dp_scale = _private_step.privacy_settings(clipping_threshold, dp_scale)
         self.rng_suite = _validate.rng_suite("rng_suite", rng_suite)
         self.clip_unscaled_observations = _validate.boolean("clip_unscaled_observations", clip_unscaled_observations)
@@ -260,9 +264,9 @@ class DPSVI(SVI):
             batch_axis = _validate.mesh_axes("batch_axis", batch_axis, self.mesh.axis_names)
         #: The mesh axes over which batches are sharded (None: all axes of the mesh).
         self.batch_axis = batch_axis
-        #: The :class:`AdaptiveClipping` settings, bounds filled in (None: ``C`` is fixed).
-        self.adaptive_clipping = _adaptive.resolve(adaptive_clipping, self.clipping_threshold, noise=self.noise,
-                                                   mesh=self.mesh)
+        #: The :class:`AdaptiveClipping` settings, bounds filled in (None: ``C`` is fixed; chosen without C).
+        self.adaptive_clipping = _adaptive.resolve(_adaptive.chosen(adaptive_clipping, clipping_threshold),
+                                                   self.clipping_threshold, noise=self.noise, mesh=self.mesh)
         # per_example_loss is also available as self.loss (numpyro's name)
         self.per_example_loss = per_example_loss
         # numpyro hands optax transformations the loss value, which is not private: they get a public

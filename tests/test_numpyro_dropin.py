@@ -215,7 +215,9 @@ def test_loss_is_accepted_under_numpyro_and_d3p_names():
     with pytest.raises(TypeError, match=r"Expected per_example_loss to be an ELBO with a loss method"):
         DPSVI(model, guide, optim, per_example_loss="Trace_ELBO", clipping_threshold=1.0, dp_scale=1.0)
     with pytest.raises(TypeError, match=r"Expected clipping_threshold, the clipping threshold C > 0"):
-        DPSVI(model, guide, optim, loss=elbo)
+        DPSVI(model, guide, optim, loss=elbo, dp_scale=1.0)
+    # neither C nor σ: NumPyro's signature as it is; run(epsilon=...) chooses both
+    assert DPSVI(model, guide, optim, elbo).clipping_chosen
 
 
 def _public_methods(cls):

@@ -164,3 +164,45 @@ def test_average_with_the_progress_bar_is_the_same(svi):
 def test_average_is_validated(svi, value):
     with pytest.raises(ValueError, match="average"):
         svi.run(d3p.random.PRNGKey(0), 2, XS, batch_size=8, progress_bar=False, average=value)
+
+
+# ------------------------------------------- C chosen when it is not given
+
+
+def test_without_a_clipping_threshold_c_is_chosen_by_adaptive_clipping_and_run_says_so(caplog):
+    import logging
+
+    from d3p.svi import AdaptiveClipping
+
+    xs = np.linspace(-1.0, 3.0, N).astype(np.float32)
+    chosen = normal_mean_svi(N=N)   # neither C nor σ: run(epsilon=...) chooses both
+    assert chosen.clipping_chosen and chosen.clipping_threshold == 1.0
+    assert chosen.adaptive_clipping == AdaptiveClipping(0.98, 0.2, None, 1e-3, 1e3)
+    explicit = normal_mean_svi(clipping_threshold=1.0, adaptive_clipping=AdaptiveClipping(target_quantile=0.98),
+                               N=N)
+    assert not explicit.clipping_chosen
+    with caplog.at_level(logging.INFO, logger="d3p"):
+        got = chosen.run(d3p.random.PRNGKey(4), 20, xs, batch_size=20, epsilon=2.0, delta=1e-5,
+                         progress_bar=False)
+    said = [r.getMessage() for r in caplog.records if "clipping_threshold" in r.getMessage()]
+    assert len(said) == 1 and "0.98 quantile" in said[0] and "from C = 1" in said[0]
+    # exactly the documented adaptive clipping, whose privacy is tested on its own (test_adaptive_clipping.py)
+    want = explicit.run(d3p.random.PRNGKey(4), 20, xs, batch_size=20, epsilon=2.0, delta=1e-5,
+                        progress_bar=False)
+    assert (got.sigma, got.epsilon) == (want.sigma, want.epsilon) and got.epsilon <= 2.0
+    for a, b in zip(jax.tree.leaves((got.params, got.state)), jax.tree.leaves((want.params, want.state))):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert float(got.state.clipping_threshold) != 1.0   # it moved
+    # a user's adaptive clipping without C starts at the same first C
+    own = normal_mean_svi(adaptive_clipping=AdaptiveClipping(target_quantile=0.5), N=N)
+    assert own.clipping_chosen and own.adaptive_clipping.target_quantile == 0.5 and own.clipping_threshold == 1.0
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(dp_scale=1.0), TypeError, "got none with dp_scale given"),
+    (dict(adaptive_clipping=False), TypeError, "adaptive_clipping=False"),
+    (dict(noise="discrete"), ValueError, "noise='gaussian' with adaptive_clipping"),
+])
+def test_without_a_clipping_threshold_what_cannot_choose_c_is_refused(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        normal_mean_svi(N=N, **kwargs)
