@@ -202,6 +202,7 @@ __all__ = [
     "StrategyChoice",
     "choose_strategy",
     "DEFAULT_MEMORY_BUDGET_BYTES",
+    "DEFAULT_CPU_MEMORY_BUDGET_BYTES",
 ]
 
 #: Names of the per-record gradient strategies; all compute the same clipped sum
@@ -211,8 +212,10 @@ STRATEGIES = _strategies.STRATEGIES
 
 #: Default memory budget (bytes) for per-record quantities held at once by
 #: :func:`clipped_grad_sum` under ``strategy="auto"``, ``"chunked"`` and
-#: ``"ghost"``; override per call with ``memory_budget_bytes``.
+#: ``"ghost"`` on accelerators; override per call with ``memory_budget_bytes``.
 DEFAULT_MEMORY_BUDGET_BYTES = _strategies.DEFAULT_MEMORY_BUDGET_BYTES
+#: The same where JAX's default backend is the CPU (64 MiB).
+DEFAULT_CPU_MEMORY_BUDGET_BYTES = _strategies.DEFAULT_CPU_MEMORY_BUDGET_BYTES
 
 
 def noise_std(dp_scale: float, clipping_threshold: float) -> float:

@@ -126,7 +126,9 @@ class DPSVI(SVI):
         (default: from the memory budget).
     :param int memory_budget_bytes: bytes of per-record gradients (or
         activations) held at once; default
-        :data:`d3p.gradients.DEFAULT_MEMORY_BUDGET_BYTES`.
+        :data:`d3p.gradients.DEFAULT_CPU_MEMORY_BUDGET_BYTES` (64 MiB) where
+        JAX's default backend is the CPU, else
+        :data:`d3p.gradients.DEFAULT_MEMORY_BUDGET_BYTES` (1 GiB).
     :param str noise: ``"gaussian"`` (default): continuous Gaussian noise of
         std ``dp_scale * C`` drawn in floating point; or ``"discrete"``: the
         discrete Gaussian mechanism of :mod:`d3p.discrete` (records summed

@@ -689,3 +689,21 @@ def test_clip_gradient_total_norm_and_noise_use_the_shared_primitives(monkeypatc
     assert float(jax.jit(gradients.total_norm)(grad)) == float(norm)
     jax.make_jaxpr(lambda g, k: gradients.add_gaussian_noise(g, k, 1.0, 1.0))(grad, d3p.random.PRNGKey(0))
     assert std_calls == ["noise_std"]
+
+
+def test_the_default_memory_budget_is_64_mib_on_cpu_and_1_gib_elsewhere(monkeypatch):
+    # 4096 float32 gradient entries per record: the budget sets the chunks
+    def elementwise_loss(p, r):
+        return jnp.sum((p["a"] * r[0]) ** 2)
+
+    p = {"a": jnp.ones(4096)}
+    B = 4096   # 4096 * 4096 * 4 bytes = 64 MiB of per-record gradients, twice with their clipped copies
+    x = jnp.ones((B, 4096), jnp.float32)
+    assert jax.default_backend() == "cpu"
+    assert _strategies.default_memory_budget() == 64 << 20 == gradients.DEFAULT_CPU_MEMORY_BUDGET_BYTES
+    default = choose_strategy(elementwise_loss, p, (x,))
+    assert default == choose_strategy(elementwise_loss, p, (x,), memory_budget_bytes=64 << 20)
+    assert default != choose_strategy(elementwise_loss, p, (x,), memory_budget_bytes=1 << 30)
+    assert default.strategy == "chunked" and default.chunk_size < B
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert _strategies.default_memory_budget() == 1 << 30 == gradients.DEFAULT_MEMORY_BUDGET_BYTES
