@@ -164,7 +164,9 @@ class AdaptiveClipping(NamedTuple):
         gradient's noise multiplier ``sigma`` (0 for 0: no privacy)."""
         if self.count_noise is not None:
             return self.count_noise
-        return float(sigma) * math.sqrt((1.0 - COUNT_SHARE) / COUNT_SHARE) / 2.0
+        # a float for a float σ; for σ traced in run's steps, an array of its dtype
+        sigma = sigma if isinstance(sigma, jax.Array) else float(sigma)
+        return sigma * math.sqrt((1.0 - COUNT_SHARE) / COUNT_SHARE) / 2.0
 
     def split(self, sigma_eff: float) -> float:
         """The gradient's noise multiplier for a calibrated ``σ_eff`` of

@@ -175,7 +175,8 @@ def next_threshold(svi, svi_state, result, mask, C, expected_batch_size, count_k
     settings = svi.adaptive_clipping
     if settings is None:
         return svi_state.clipping_threshold
-    fraction = _adaptive.noisy_fraction(result.norms, mask, C, settings.count_std(noise_multiplier(svi)),
+    sigma = noise_multiplier(svi) if svi._run_sigma is None else svi._run_sigma   # traced in run's steps
+    fraction = _adaptive.noisy_fraction(result.norms, mask, C, settings.count_std(sigma),
                                         expected_batch_size, count_key, svi.rng_suite)
     return _adaptive.next_threshold(C, fraction, settings)
 
@@ -369,11 +370,12 @@ def private_sum(svi, loss_fn, params, records, mask, forward_mode, noise_key, C,
 
 def traced_sigma(svi, sigma) -> bool:
     """Whether ``run``'s compiled steps take σ as an argument (one program
-    for every σ, :func:`sigma_value`): for Gaussian noise with a fixed ``C``
-    and ``σ > 0`` (so ``C`` is finite). Otherwise σ is a constant of the program (the
-    discrete mechanism's plan and adaptive clipping's count depend on it;
-    ``σ = 0`` draws no noise at all)."""
-    return svi.noise == "gaussian" and svi.adaptive_clipping is None and sigma > 0
+    for every σ, :func:`sigma_value`): for Gaussian noise and ``σ > 0`` (so
+    ``C`` is finite; with adaptive clipping the count's noise, a share of
+    σ's, is then computed from the argument too). Otherwise σ is a constant
+    of the program (the discrete mechanism's plan depends on it; ``σ = 0``
+    draws no noise at all)."""
+    return svi.noise == "gaussian" and sigma > 0
 
 
 def sigma_value(sigma, params):

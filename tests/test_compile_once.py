@@ -58,6 +58,27 @@ def test_a_run_at_another_epsilon_reuses_the_compiled_steps_with_the_new_sigma(m
         assert a.tobytes() == b.tobytes()
 
 
+def test_with_c_chosen_by_adaptive_clipping_a_run_at_another_epsilon_compiles_nothing(monkeypatch):
+    # DPSVI without clipping_threshold: adaptive clipping, whose count's
+    # noise is a share of σ's, computed from σ the argument
+    svi = normal_mean_svi(N=N)
+    first = _run(svi, 1.0)
+    second = _run(svi, 4.0)
+    (run_chunk,) = _chunks(svi)
+    assert run_chunk._cache_size() == 1
+    assert second.sigma < first.sigma / 2
+    monkeypatch.setattr(_private_step, "traced_sigma", lambda svi, sigma: False)
+    reference = _run(normal_mean_svi(N=N), 4.0)
+    assert reference.sigma == second.sigma
+    for a, b in zip(_leaves(second) + [np.asarray(second.state.clipping_threshold)],
+                    _leaves(reference) + [np.asarray(reference.state.clipping_threshold)]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # and not the first run's σ: its releases differ from the reference's
+    assert not np.allclose(np.asarray(first.state.clipping_threshold), np.asarray(reference.state.clipping_threshold),
+                           rtol=1e-5) or any(not np.allclose(a, b, rtol=1e-5)
+                                              for a, b in zip(_leaves(first), _leaves(reference)))
+
+
 def test_the_first_run_says_it_compiles_and_a_reusing_run_does_not(caplog):
     svi = normal_mean_svi(clipping_threshold=1.0, N=N)
     with caplog.at_level(logging.INFO, logger="d3p"):
