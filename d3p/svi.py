@@ -101,7 +101,8 @@ class DPSVI(SVI):
         together with ``dp_scale=None``: ``C`` is chosen, by adaptive
         clipping to the 0.98 quantile of the per-record gradient norms from
         ``C = 1`` (or the ``adaptive_clipping`` given), within the ε asked
-        of :meth:`run` (``run`` says so; docs/privacy.md, "Adaptive clipping").
+        of :meth:`run` (``run`` says so; docs/privacy.md, "Without a
+        clipping threshold, C is chosen").
     :param float dp_scale: the noise multiplier ``sigma >= 0``
         (from :func:`d3p.dputil.approximate_sigma`); or None, and ask
         :meth:`run` for an ε instead (``run(..., epsilon=...)`` calibrates σ
@@ -253,7 +254,7 @@ class DPSVI(SVI):
         per_example_loss, static_kwargs, declared_N = _numpyro_compat.arguments(model, guide, loss,
                                                                                  per_example_loss, static_kwargs)
         super().__init__(model, guide, optim, per_example_loss, **static_kwargs)
-        self.declared_N, self.clipping_chosen = declared_N, clipping_threshold is None   # see _numpyro_compat, run
+        self.declared_N, self.clipping_chosen = declared_N, clipping_threshold is None   # N checked; C left to run
         self.clipping_threshold, self.dp_scale = _private_step.privacy_settings(clipping_threshold, dp_scale)
         self.rng_suite = _validate.rng_suite("rng_suite", rng_suite)
         self.clip_unscaled_observations = _validate.boolean("clip_unscaled_observations", clip_unscaled_observations)

@@ -48,7 +48,7 @@ def kept(key: Optional[tuple], build: Callable[[], MixtureSetup], dp_scale: floa
         setup.svi.dp_scale = _validate.positive("dp_scale", dp_scale)
         return setup
     setup = build()
-    if key is not None and setup.svi.noise == "gaussian" and setup.svi.adaptive_clipping is None and dp_scale > 0:
+    if key is not None and setup.svi.noise == "gaussian":   # the caller keys only a fixed C and σ > 0
         SETUPS[key] = setup
         while len(SETUPS) > KEPT:
             SETUPS.popitem(last=False)
