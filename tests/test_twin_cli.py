@@ -339,8 +339,7 @@ def test_errors_name_the_options_not_the_arguments(tmp_path, capsys):
     inp = write_csv(tmp_path / "in.csv", good_frame())
     code, out, err = run_main([inp, tmp_path / "out.csv", "--epsilon", "1", "--max-levels", "2"], capsys)
     assert code == EXIT_BAD_INPUT and "--max-levels 2" in err and "max_levels" not in err
-    from d3p.twin.cli import main_twin_schema  # noqa: F401 - the same wording in twin-schema
-    import d3p.__main__ as top
+    import d3p.__main__ as top   # the same wording in twin-schema
 
     code = top.main(["twin-schema", inp, str(tmp_path / "s.json"), "--max-levels", "2"])
     out, err = capsys.readouterr()

@@ -310,7 +310,10 @@ def _run(args) -> int:
 
     try:
         data, schema = _read_inputs(args)
-        _check_target(args, data, schema)
+        # the report's real data: with --schema the records as the schema maps
+        # them, i.e. as the twin sees them (the columns it describes were read as text)
+        report_data = _report_data(args, data, schema)
+        _check_target(args, report_data)
         key, seed_text = _rng_key(args)
         ledger = _ledger(args)
         twin = _fit(args, data, schema, key, ledger)
@@ -320,9 +323,7 @@ def _run(args) -> int:
         synthetic = twin.generate(num_synthetic, _generation_key(key))
     except TwinInputError as e:
         raise _BadInput(_validate.in_option_terms(str(e), _OPTIONS, _VALUES)) from None
-    # the report's real data: with --schema the records as the schema maps
-    # them, i.e. as the twin saw them (the columns it describes were read as text)
-    data = _report_data(args, data, twin.schema)
+    data = report_data
     metrics = None if args.no_utility and not args.report_dir else _utility(args, data, synthetic, twin)
     num_report_files = _write_outputs(args, data, synthetic, twin, metrics)
     lines = _summary(args, twin, num_records=len(data), num_synthetic=num_synthetic, seed_text=seed_text,
@@ -341,16 +342,17 @@ def _report_data(args, data, schema):
     return schema.decode(schema.encode(data)) if args.schema is not None else data
 
 
-def _check_target(args, data, schema) -> None:
+def _check_target(args, report_data) -> None:
     """Before the fit: whether the report can predict ``--target`` (the
-    checks of the train-on-synthetic accuracy, on the real records it will
-    be tested on), where the utility figures or the report are asked for."""
+    checks of the train-on-synthetic accuracy, on ``report_data``, the real
+    records it will be tested on), where the utility figures or the report
+    are asked for."""
     if args.target is None or (args.no_utility and not args.report_dir):
         return
     from d3p.twin.metrics import check_classification_target
 
     try:
-        check_classification_target(_report_data(args, data, schema).rename(columns=str), args.target)
+        check_classification_target(report_data.rename(columns=str), args.target)
     except (ValueError, ImportError) as e:
         raise _BadInput(f"--target {args.target!r}: {e} (checked before the fit: the utility figures predict "
                         "it; --no-utility without --report-dir skips them)") from None
