@@ -27,7 +27,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from numpyro.optim import Minimize
 
-from d3p import _adaptive, _elbo_terms, _model_facts, _sharding, _validate, accounting, discrete, gradients
+from d3p import _adaptive, _clipping, _elbo_terms, _model_facts, _sharding, _validate, accounting, discrete, gradients
 from d3p._gradient_lists import _public_number
 from d3p._records import _records
 from d3p._state import DPSVIState, check_state, state_scale
@@ -62,6 +62,22 @@ def privacy_settings(clipping_threshold, dp_scale):
             "dp_scale=0, i.e. without privacy.)"
         )
     return C, s
+
+
+def checked_threshold(svi) -> float:
+    """The DPSVI's ``clipping_threshold``, which a user may set between runs
+    (``run``'s steps take it as an argument: :func:`traced_threshold`),
+    checked as its constructor checks it: with its ``dp_scale``, ``noise``
+    and adaptive clipping's bounds."""
+    C = _validate.positive("clipping_threshold", svi.clipping_threshold, finite=False)
+    privacy_settings(C, svi.dp_scale)
+    noise_setting(svi.noise, svi.dp_scale, C, svi.gradient_strategy)
+    settings = svi.adaptive_clipping
+    if settings is not None and not settings.min_threshold <= C <= settings.max_threshold:
+        raise ValueError(f"Expected min_threshold <= clipping_threshold <= max_threshold, got "
+                         f"min_threshold={settings.min_threshold}, clipping_threshold={C}, "
+                         f"max_threshold={settings.max_threshold}.")
+    return C
 
 
 def check_optimizer(optim) -> None:
@@ -119,16 +135,16 @@ def warn_if_all_noise(svi, batch_size, stacklevel: int, sigma: Optional[float] =
     if isinstance(batch_size, jax.core.Tracer):
         return
     sigma = noise_multiplier(svi) if sigma is None else sigma
-    key = (sigma, float(batch_size))
+    key = (sigma, float(batch_size), svi.clipping_threshold)
     if key not in svi._noise_warnings:
         svi._noise_warnings.add(key)
         _validate.warn_if_all_noise(sigma, float(batch_size), svi.clipping_threshold, stacklevel=stacklevel + 1)
 
 
 def discrete_plan(svi, params) -> "discrete.DiscretePlan":
-    """See :meth:`DPSVI.discrete_plan`: kept per σ and parameter count."""
+    """See :meth:`DPSVI.discrete_plan`: kept per σ, C and parameter count."""
     num_params = sum(int(np.size(x)) for x in jax.tree.leaves(params))
-    key = (noise_multiplier(svi), num_params)
+    key = (noise_multiplier(svi), svi.clipping_threshold, num_params)
     if key not in svi._discrete_plans:
         svi._discrete_plans[key] = discrete.discrete_plan(svi.dp_scale, svi.clipping_threshold, num_params)
     return svi._discrete_plans[key]
@@ -158,9 +174,10 @@ def initial_threshold(svi) -> Optional[jax.Array]:
 
 def step_threshold(svi, svi_state):
     """``C`` of this step: the state's ``C_t`` with adaptive clipping, else
-    the constructor's."""
+    the DPSVI's (the argument of ``run``'s steps where they take it,
+    :func:`traced_threshold`)."""
     if svi.adaptive_clipping is None:
-        return svi.clipping_threshold
+        return checked_threshold(svi) if svi._run_clip is None else svi._run_clip   # traced in run's steps
     if svi_state.clipping_threshold is None:
         raise ValueError(
             "Expected a state with a clipping_threshold (from init of a DPSVI with adaptive_clipping), got "
@@ -183,8 +200,12 @@ def next_threshold(svi, svi_state, result, mask, C, expected_batch_size, count_k
 
 def threshold_bound(svi) -> Optional[float]:
     """The public upper bound of ``C`` that the sum's overflow check uses:
-    ``max_threshold`` with adaptive clipping, else None (``C`` itself)."""
-    return None if svi.adaptive_clipping is None else svi.adaptive_clipping.max_threshold
+    ``max_threshold`` with adaptive clipping; where ``run``'s steps take
+    ``C`` as an argument, the DPSVI's ``clipping_threshold`` (the argument's
+    value); else None (``C`` itself, a constant)."""
+    if svi.adaptive_clipping is not None:
+        return svi.adaptive_clipping.max_threshold
+    return None if svi._run_clip is None else svi.clipping_threshold
 
 
 # -------------------------------------------------------- per-record losses
@@ -376,6 +397,24 @@ def traced_sigma(svi, sigma) -> bool:
     of the program (the discrete mechanism's plan depends on it; ``σ = 0``
     draws no noise at all)."""
     return svi.noise == "gaussian" and sigma > 0
+
+
+def traced_threshold(svi) -> bool:
+    """Whether ``run``'s compiled steps take ``C`` as an argument (one program
+    for every ``C``, :func:`threshold_value`): a fixed finite ``C`` with
+    Gaussian noise, on one device. Otherwise ``C`` is a constant of the
+    program (adaptive clipping's ``C`` is the state's; the discrete
+    mechanism's plan depends on ``C``; ``C = inf`` clips nothing)."""
+    return (svi.adaptive_clipping is None and svi.noise == "gaussian" and math.isfinite(svi.clipping_threshold)
+            and batch_layout(svi) is None)
+
+
+def threshold_value(C, params):
+    """``C`` as the argument of ``run``'s compiled steps (see
+    :func:`traced_threshold`), in the dtype the sum computes its bounds in
+    (the widest of the parameters' dtypes, at least float32): rounded as the
+    program without the argument rounds its constant."""
+    return np.asarray(C, _clipping._acc_dtype(*[jnp.result_type(x) for x in jax.tree.leaves(params)]))
 
 
 def sigma_value(sigma, params):

@@ -45,14 +45,16 @@ def _batch_gatherer(sampler, rng_suite, treedef):
 
 def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_params, fold_in):
     """``run_chunk(svi_state, average, keys, start, average_from, data, length,
-    sigma) -> (svi_state, average, losses, ok)``: ``length`` steps of
+    sigma, clip) -> (svi_state, average, losses, ok)``: ``length`` steps of
     ``update`` from step ``start`` on, in one jitted ``lax.scan`` (one
     compilation per ``length`` and data shapes; the keys, the data,
-    ``average_from`` and ``sigma`` are arguments, so the compiled program
-    serves every run). ``sigma``: the noise multiplier where the steps take
-    it as an argument (:func:`d3p._private_step.traced_sigma`: a run at
-    another ε compiles nothing), else None and σ is a constant of the
-    program. ``keys``: ``(batch_key, step_key)``; step ``i`` draws its batch
+    ``average_from``, ``sigma`` and ``clip`` are arguments, so the compiled
+    program serves every run). ``sigma``: the noise multiplier where the
+    steps take it as an argument (:func:`d3p._private_step.traced_sigma`: a
+    run at another ε compiles nothing), else None and σ is a constant of the
+    program; ``clip`` likewise the clipping threshold
+    (:func:`d3p._private_step.traced_threshold`: a run at another ``C``
+    compiles nothing). ``keys``: ``(batch_key, step_key)``; step ``i`` draws its batch
     with ``fold_in(batch_key, i)`` and its noise and Monte Carlo draws from
     ``fold_in(step_key, i)`` (:func:`step_keys`), never from the state's
     key, so that two releases share noise only if they share the run's key
@@ -75,15 +77,15 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
         return (svi_state, average, ok & batch_ok), loss
 
     @functools.partial(jax.jit, static_argnums=6)
-    def run_chunk(svi_state, average, keys, start, average_from, data, length, sigma=None):
+    def run_chunk(svi_state, average, keys, start, average_from, data, length, sigma=None, clip=None):
         steps = start + jnp.arange(length, dtype=jnp.uint32)
-        svi._run_sigma = sigma   # read by the step while it is traced; reset below
+        svi._run_sigma, svi._run_clip = sigma, clip   # read by the step while it is traced; reset below
         try:
             (svi_state, average, ok), losses = lax.scan(
                 lambda c, i: body_fn(c, keys, i, average_from, data), (svi_state, average, jnp.bool_(True)),
                 steps)
         finally:
-            svi._run_sigma = None
+            svi._run_sigma = svi._run_clip = None
         return svi_state, average, losses, ok
 
     return run_chunk
@@ -193,6 +195,7 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
     the plan (sampler, accounting, σ), the ledger's check, then the steps at
     the plan's σ, which :func:`_run_steps` takes."""
     num_steps = _validate.integer("num_steps", num_steps, minimum=1)
+    svi.clipping_threshold = _private_step.checked_threshold(svi)   # it may have been set since the last run
     average = _validate.number("average", average, low=0.0, high=1.0, high_open=True)
     records, treedef, N = _records(args, kwargs, what="data")
     if delta is not None:
@@ -231,12 +234,14 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         # with a mesh: the data set whole on every device, each taking its shard of every batch
         records, batch_key, step_key = _private_step.replicated(svi, records, batch_key, step_key)
         update = svi.stable_update if stable_update else svi.update
-        traced = _private_step.traced_sigma(svi, plan.sigma)
+        traced, clip_traced = _private_step.traced_sigma(svi, plan.sigma), _private_step.traced_threshold(svi)
+        constants = (None if traced else plan.sigma, None if clip_traced else svi.clipping_threshold)
         gather, run_chunk, compiled = svi._run_cache.steps(update, plan.sampler, svi.rng_suite, treedef, forward_mode,
-                                                           (_run_layout(svi), None if traced else plan.sigma))
+                                                           (_run_layout(svi),) + constants)
         if not compiled:
             _say("d3p: compiling the private step (once: later runs with the same data shapes, batch size and "
-                 "number of steps reuse it, at any ε)", progress_bar)
+                 "number of steps reuse it, at any ε" + (" and clipping threshold)" if clip_traced else ")"),
+                 progress_bar)
         # the steps' warning is given while they are traced: a later run with another σ is not traced again
         _private_step.warn_if_all_noise(svi, plan.sampler.expected_batch_size, stacklevel=3, sigma=plan.sigma)
         batch = lambda: jax.eval_shape(gather, batch_key, records, 0)[:2]   # noqa: E731 - shapes, when needed
@@ -247,10 +252,11 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
 
         params = svi.optim.get_params(svi_state.optim_state)
         sigma = _private_step.sigma_value(plan.sigma, params) if traced else None
+        clip = _private_step.threshold_value(svi.clipping_threshold, params) if clip_traced else None
 
         def run_steps(svi_state, average, start, data, length):
             svi_state, average, losses, ok = run_chunk(svi_state, average, (batch_key, step_key), start,
-                                                       average_from, data, length, sigma)
+                                                       average_from, data, length, sigma, clip)
             return _require_batches(ok, plan.sampler, (svi_state, average, losses))
 
         mean = (params, jnp.zeros((), jnp.int32))

@@ -279,7 +279,7 @@ class DPSVI(SVI):
         # the discrete mechanism's constants per parameter count, the (σ, batch size) pairs warned about
         # (d3p._private_step), run's compiled steps (d3p._run._RunCache) and the σ they trace (while traced)
         self._public_scales, self._split_facts_cache, self._discrete_plans = {}, {}, {}
-        self._noise_warnings, self._run_cache, self._run_sigma = set(), _RunCache(), None
+        self._noise_warnings, self._run_cache, self._run_sigma, self._run_clip = set(), _RunCache(), None, None
         #: The :class:`d3p.gradients.StrategyChoice` of the most recent trace of
         #: this DPSVI's step (None before the first): which gradient strategy runs.
         self.strategy_choice = None

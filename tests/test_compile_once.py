@@ -99,7 +99,10 @@ def test_sigma_stays_a_constant_where_the_program_depends_on_it(settings):
     svi = normal_mean_svi(N=N, **settings)
     svi.run(d3p.random.PRNGKey(0), 2, XS, batch_size=B, progress_bar=False)
     ((key, _),) = svi._run_cache._chunks.items()
-    assert key[-1][-1] == settings["dp_scale"]
+    layout, sigma, clipping_threshold = key[-1]
+    assert sigma == settings["dp_scale"]
+    # the discrete mechanism's plan depends on C too
+    assert clipping_threshold == (1.0 if settings.get("noise") == "discrete" else None)
 
 
 def _traced_programs(fn):
@@ -119,7 +122,7 @@ def _traced_programs(fn):
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
-def test_a_twin_fit_at_another_epsilon_compiles_nothing():
+def test_a_twin_fit_at_another_epsilon_or_clipping_threshold_compiles_nothing():
     pd = pytest.importorskip("pandas")
     import d3p.twin as twin
     from d3p.twin import ColumnSpec, Schema, _mixture_setups
@@ -129,17 +132,49 @@ def test_a_twin_fit_at_another_epsilon_compiles_nothing():
     schema = Schema((ColumnSpec("x", "real", "float64", False, lower=-4.0, upper=4.0, distribution="normal"),
                      ColumnSpec("c", "categorical", "str", False, levels=("a", "b"), distribution="categorical")))
 
-    def fit(epsilon, seed):
+    def fit(epsilon, seed, clipping_threshold=1.0):
         return twin.fit(df, epsilon, rng_key=d3p.random.PRNGKey(seed), schema=schema, family="mixture",
-                        num_components=2, num_steps=4, q=0.3, progress_bar=False)
+                        num_components=2, num_steps=4, q=0.3, progress_bar=False,
+                        clipping_threshold=clipping_threshold)
 
     _mixture_setups.SETUPS.clear()
     first, traced_first = _traced_programs(lambda: fit(1.0, 0))
     second, traced_second = _traced_programs(lambda: fit(4.0, 1))
-    assert traced_first > 0 and traced_second == 0
+    # another C too: the steps take it as an argument (test above)
+    _, traced_third = _traced_programs(lambda: fit(4.0, 2, clipping_threshold=0.5))
+    assert traced_first > 0 and traced_second == 0 and traced_third == 0
+    assert len(_mixture_setups.SETUPS) == 1
     assert second.privacy["sigma"] < first.privacy["sigma"] / 2
     # the σ applied is the one reported: run sets the program's σ argument
     # from the DPSVI's (test above); a σ left at the first fit's is refused
     # by the fit's own check of the run against its plan
     assert any(np.asarray(a).tobytes() != np.asarray(b).tobytes()
                for a, b in zip(jax.tree.leaves(first.params), jax.tree.leaves(second.params)))
+
+
+def test_a_run_at_another_clipping_threshold_reuses_the_compiled_steps_with_the_new_c(monkeypatch):
+    # C set between runs (run checks it as the constructor does): the
+    # steps take C as an argument, so the second run compiles nothing
+    svi = normal_mean_svi(clipping_threshold=1.0, N=N)
+    first = _run(svi, 1.0)
+    svi.clipping_threshold = 0.05
+    second = _run(svi, 1.0)
+    (run_chunk,) = _chunks(svi)
+    assert run_chunk._cache_size() == 1
+    assert second.sigma == first.sigma
+    # the reference: a fresh DPSVI made with C = 0.05 whose program holds C
+    # as a constant; a C stuck at the first run's (a clip to 1 and noise of
+    # std σ) differs from it
+    monkeypatch.setattr(_private_step, "traced_threshold", lambda svi: False)
+    reference = _run(normal_mean_svi(clipping_threshold=0.05, N=N), 1.0)
+    for a, b in zip(_leaves(second), _leaves(reference)):
+        np.testing.assert_array_equal(a, b)
+    assert any(a.tobytes() != b.tobytes() for a, b in zip(_leaves(first), _leaves(second)))
+
+
+def test_a_clipping_threshold_set_between_runs_is_checked():
+    svi = normal_mean_svi(clipping_threshold=1.0, N=N)
+    for bad, error in ((0.0, ValueError), (-1.0, ValueError), (float("inf"), ValueError), ("1", TypeError)):
+        svi.clipping_threshold = bad
+        with pytest.raises(error, match="clipping_threshold"):
+            _run(svi, 1.0)

@@ -2,19 +2,20 @@
 
 A set-up (model, guide, optimizer, :class:`d3p.svi.DPSVI` and its
 initialisation) is kept under the public settings it was built from (the
-schema, N, the number of components and steps, C and the step size), for
-the last :data:`KEPT` settings. A fit at another ε with the same settings
-reuses it: its DPSVI's compiled steps take σ as an argument
-(:func:`d3p._private_step.traced_sigma`), so the fit compiles nothing. Only
-set-ups whose steps take σ as an argument are kept (Gaussian noise, a fixed
-C, σ > 0). Nothing of the data is kept: the compiled programs and the
+schema, N, the number of components and steps, and the step size), for
+the last :data:`KEPT` settings. A fit at another ε or C with the same
+settings reuses it: its DPSVI's compiled steps take σ and C as arguments
+(:func:`d3p._private_step.traced_sigma`,
+:func:`d3p._private_step.traced_threshold`), so the fit compiles nothing.
+Only set-ups whose steps take σ and C as arguments are kept (Gaussian
+noise, a fixed finite C, σ > 0). Nothing of the data is kept: the compiled programs and the
 model's public facts only.
 """
 
 from collections import OrderedDict
 from typing import Callable, NamedTuple, Optional
 
-from d3p import _validate
+from d3p import _private_step, _validate
 
 __all__ = ["MixtureSetup", "SETUPS", "KEPT", "kept"]
 
@@ -38,17 +39,21 @@ SETUPS: "OrderedDict[tuple, MixtureSetup]" = OrderedDict()
 KEPT = 2
 
 
-def kept(key: Optional[tuple], build: Callable[[], MixtureSetup], dp_scale: float) -> MixtureSetup:
+def kept(key: Optional[tuple], build: Callable[[], MixtureSetup], dp_scale: float,
+         clipping_threshold: float) -> MixtureSetup:
     """The set-up kept under ``key`` with its noise multiplier set to
-    ``dp_scale``, else ``build()`` (kept under ``key`` if its steps take σ as
-    an argument); ``key=None``: ``build()``, not kept."""
+    ``dp_scale`` and its clipping threshold to ``clipping_threshold``, else
+    ``build()`` (kept under ``key`` if its steps take σ and C as arguments);
+    ``key=None``: ``build()``, not kept."""
     if key is not None and key in SETUPS:
         SETUPS.move_to_end(key)
         setup = SETUPS[key]
         setup.svi.dp_scale = _validate.positive("dp_scale", dp_scale)
+        setup.svi.clipping_threshold = _validate.positive("clipping_threshold", clipping_threshold)
         return setup
     setup = build()
-    if key is not None and setup.svi.noise == "gaussian":   # the caller keys only a fixed C and σ > 0
+    # the caller keys only a fixed C and σ > 0
+    if key is not None and setup.svi.noise == "gaussian" and _private_step.traced_threshold(setup.svi):
         SETUPS[key] = setup
         while len(SETUPS) > KEPT:
             SETUPS.popitem(last=False)

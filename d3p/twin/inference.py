@@ -694,12 +694,12 @@ def _mixture_setup(schema: Schema, plan: _Plan, model, guide, num_components, cl
                    learning_rate: float, optimizer, adaptive, dp_scale: float) -> _mixture_setups.MixtureSetup:
     """The DP-VI set-up of a mixture fit; that of the default model, guide
     and optimizer with a fixed C and σ > 0 is kept between fits under its
-    public settings (the schema, N, K, T, C, the step size), so that a fit at
-    another ε reuses its compiled steps (:mod:`d3p.twin._mixture_setups`)."""
+    public settings (the schema, N, K, T, the step size), so that a fit at
+    another ε or C reuses its compiled steps (:mod:`d3p.twin._mixture_setups`)."""
     key = None
     if model is None and guide is None and optimizer is None and adaptive is None and dp_scale > 0:
         key = (schema.to_json(sort_keys=True), num_components, plan.num_records, plan.num_steps,
-               float(learning_rate), float(clipping_threshold))
+               float(learning_rate))
 
     def build():
         the_model, model_spec = _model(schema, model, num_components, plan.num_records)
@@ -714,7 +714,7 @@ def _mixture_setup(schema: Schema, plan: _Plan, model, guide, num_components, cl
         return _mixture_setups.MixtureSetup(svi, jax.jit(init) if isinstance(the_guide, MixtureGuide) else init,
                                             the_model, model_spec, the_guide, guide_spec)
 
-    return _mixture_setups.kept(key, build, dp_scale)
+    return _mixture_setups.kept(key, build, dp_scale, clipping_threshold)
 
 
 def _run(svi: DPSVI, init: Callable, schema: Schema, x: np.ndarray, plan: _Plan, key, progress_bar: bool,
