@@ -63,20 +63,28 @@ STEPS = 30
 def fitted():
     """One real fit, with spies on the noise and on DPSVI.run."""
     df = small_frame()
-    noise_calls, run_calls, sigma_calls = [], [], []
+    noise_calls, run_calls, sigma_calls, threshold_calls = [], [], [], []
     real_noise = d3p._private_step.add_gaussian_noise
     real_run = d3p.svi.DPSVI.run
     real_sigma = d3p._private_step.sigma_value
+    real_threshold = d3p._private_step.threshold_value
+
+    def concrete(x):
+        return None if isinstance(x, jax.core.Tracer) else float(x)
 
     def noise_spy(grad_sum, noise_key, dp_scale, clipping_threshold, rng_suite=d3p.random):
-        # σ is an argument of run's compiled steps (traced: its value is what sigma_spy sees)
-        traced = isinstance(dp_scale, jax.core.Tracer)
-        noise_calls.append((None if traced else float(dp_scale), float(clipping_threshold), rng_suite))
+        # σ and C are arguments of run's compiled steps (traced: their values are what
+        # sigma_spy and threshold_spy see)
+        noise_calls.append((concrete(dp_scale), concrete(clipping_threshold), rng_suite))
         return real_noise(grad_sum, noise_key, dp_scale, clipping_threshold, rng_suite)
 
     def sigma_spy(sigma, params):
         sigma_calls.append(float(sigma))
         return real_sigma(sigma, params)
+
+    def threshold_spy(C, params):
+        threshold_calls.append(float(C))
+        return real_threshold(C, params)
 
     def run_spy(self, rng_key, num_steps, *args, **kwargs):
         run_calls.append(types.SimpleNamespace(svi=self, num_steps=num_steps, args=args, kwargs=kwargs))
@@ -85,6 +93,7 @@ def fitted():
     mp = pytest.MonkeyPatch()
     mp.setattr(d3p._private_step, "add_gaussian_noise", noise_spy)
     mp.setattr(d3p._private_step, "sigma_value", sigma_spy)
+    mp.setattr(d3p._private_step, "threshold_value", threshold_spy)
     mp.setattr(d3p.svi.DPSVI, "run", run_spy)
     try:
         with pytest.warns(SchemaInferenceWarning):
@@ -93,7 +102,7 @@ def fitted():
     finally:
         mp.undo()
     return types.SimpleNamespace(df=df, twin=tw, noise_calls=noise_calls, run_calls=run_calls,
-                                 sigma_calls=sigma_calls)
+                                 sigma_calls=sigma_calls, threshold_calls=threshold_calls)
 
 
 @pytest.mark.slow
@@ -113,9 +122,11 @@ def test_fit_is_dpsvi_with_reported_sigma(fitted):
     # the noise was drawn with that sigma and C, from the secure suite
     assert fitted.noise_calls, "add_gaussian_noise was never called"
     for dp_scale, C, suite in fitted.noise_calls:
-        assert dp_scale in (None, p["sigma"]) and C == p["clipping_threshold"] and suite is d3p.random
+        assert dp_scale in (None, p["sigma"]) and C in (None, p["clipping_threshold"]) and suite is d3p.random
     if any(dp_scale is None for dp_scale, _, _ in fitted.noise_calls):   # traced: the compiled steps' argument
         assert fitted.sigma_calls and all(s == p["sigma"] for s in fitted.sigma_calls)
+    if any(C is None for _, C, _ in fitted.noise_calls):
+        assert fitted.threshold_calls and all(C == p["clipping_threshold"] for C in fitted.threshold_calls)
     # one DPSVI.run on the encoded data with the matching sampler, from a public init state
     (call,) = fitted.run_calls
     assert call.svi.dp_scale == p["sigma"] and call.svi.clipping_threshold == p["clipping_threshold"]
