@@ -19,7 +19,7 @@ sum; everything after it is post-processing of it and of public constants
 """
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,7 @@ from jax.flatten_util import ravel_pytree
 from numpyro.optim import Minimize
 
 from d3p import _adaptive, _clipping, _elbo_terms, _model_facts, _sharding, _validate, accounting, discrete, gradients
+from d3p._certified_sum import _check_sum_threshold
 from d3p._gradient_lists import _public_number
 from d3p._records import _records
 from d3p._state import DPSVIState, check_state, state_scale
@@ -415,6 +416,21 @@ def threshold_value(C, params):
     (the widest of the parameters' dtypes, at least float32): rounded as the
     program without the argument rounds its constant."""
     return np.asarray(C, _clipping._acc_dtype(*[jnp.result_type(x) for x in jax.tree.leaves(params)]))
+
+
+def check_threshold_fits(C: float, params, batch_size: int) -> None:
+    """The sum's overflow check (:func:`d3p._certified_sum._check_sum_threshold`:
+    ``C B`` below the accumulator's limit) of a ``C`` that ``run``'s steps
+    take as an argument: at every run, since the steps are traced once."""
+    acc = _clipping._acc_dtype(*[jnp.result_type(x) for x in jax.tree.leaves(params)])
+    _check_sum_threshold(C, _Slots(int(batch_size), acc))
+
+
+class _Slots(NamedTuple):
+    """What the overflow check reads of a sum's budget: its slots and accumulator dtype."""
+
+    slots: int
+    acc: object
 
 
 def sigma_value(sigma, params):

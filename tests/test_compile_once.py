@@ -174,7 +174,12 @@ def test_a_run_at_another_clipping_threshold_reuses_the_compiled_steps_with_the_
 
 def test_a_clipping_threshold_set_between_runs_is_checked():
     svi = normal_mean_svi(clipping_threshold=1.0, N=N)
-    for bad, error in ((0.0, ValueError), (-1.0, ValueError), (float("inf"), ValueError), ("1", TypeError)):
+    _run(svi, 1.0)   # the steps are traced here, with C = 1
+    # C B must not overflow the sum (float32: below 3.4e38 / 8): checked at every run
+    for bad, error in ((0.0, ValueError), (-1.0, ValueError), (float("inf"), ValueError), ("1", TypeError),
+                       (1e37, ValueError)):
         svi.clipping_threshold = bad
         with pytest.raises(error, match="clipping_threshold"):
             _run(svi, 1.0)
+    svi.clipping_threshold = 1e36   # C B = 1e37: accepted
+    _run(svi, 1.0)
