@@ -242,10 +242,9 @@ def _sum_budget(B: int, chunk: int, shards: int, params: PyTree, terms_per_slot:
 
 def _check_sum_threshold(clipping_threshold, budget: _SumBudget, threshold_bound=None) -> None:
     """Raise ``ValueError`` naming ``clipping_threshold`` (or ``threshold_bound``,
-    the public upper bound of a traced ``C``, set during the run or an
-    argument of its steps, which is checked in its place when given) if
-    ``C`` lets the sum of ``B`` slots overflow (its error bound needs finite
-    sums)."""
+    the public upper bound of a ``C`` set during the run, which is checked in
+    its place when given) if a concrete ``C`` lets the sum of ``B`` slots
+    overflow (its error bound needs finite sums)."""
     name, value = ("clipping_threshold", clipping_threshold) if threshold_bound is None else \
         ("threshold_bound", threshold_bound)
     try:
@@ -257,8 +256,7 @@ def _check_sum_threshold(clipping_threshold, budget: _SumBudget, threshold_bound
         raise ValueError(
             f"Expected {name} * B below {limit:.3g} (the sum of B={budget.slots} clipped "
             f"records must not overflow), got {name}={C}"
-            + ("." if threshold_bound is None else " (the largest C of the run: adaptive clipping's max_threshold, "
-               "or the clipping_threshold that the run's steps take as an argument).")
+            + ("." if threshold_bound is None else " (the largest C: adaptive clipping's max_threshold).")
         )
 
 

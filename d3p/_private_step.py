@@ -201,12 +201,10 @@ def next_threshold(svi, svi_state, result, mask, C, expected_batch_size, count_k
 
 def threshold_bound(svi) -> Optional[float]:
     """The public upper bound of ``C`` that the sum's overflow check uses:
-    ``max_threshold`` with adaptive clipping; where ``run``'s steps take
-    ``C`` as an argument, the DPSVI's ``clipping_threshold`` (the argument's
-    value); else None (``C`` itself, a constant)."""
-    if svi.adaptive_clipping is not None:
-        return svi.adaptive_clipping.max_threshold
-    return None if svi._run_clip is None else svi.clipping_threshold
+    ``max_threshold`` with adaptive clipping, else None (``C`` itself; a
+    ``C`` that ``run``'s steps take as an argument is checked by ``run``,
+    :func:`check_threshold_fits`)."""
+    return None if svi.adaptive_clipping is None else svi.adaptive_clipping.max_threshold
 
 
 # -------------------------------------------------------- per-record losses
@@ -418,11 +416,11 @@ def threshold_value(C, params):
     return np.asarray(C, _clipping._acc_dtype(*[jnp.result_type(x) for x in jax.tree.leaves(params)]))
 
 
-def check_threshold_fits(C: float, params, batch_size: int) -> None:
+def check_threshold_fits(C: float, acc, batch_size: int) -> None:
     """The sum's overflow check (:func:`d3p._certified_sum._check_sum_threshold`:
-    ``C B`` below the accumulator's limit) of a ``C`` that ``run``'s steps
-    take as an argument: at every run, since the steps are traced once."""
-    acc = _clipping._acc_dtype(*[jnp.result_type(x) for x in jax.tree.leaves(params)])
+    ``C B`` below the limit of the accumulator dtype ``acc``) of a ``C`` that
+    ``run``'s steps take as an argument: at every run, since the steps (and
+    the check within them, which cannot read a traced ``C``) are traced once."""
     _check_sum_threshold(C, _Slots(int(batch_size), acc))
 
 

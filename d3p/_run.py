@@ -254,7 +254,7 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         sigma = _private_step.sigma_value(plan.sigma, params) if traced else None
         clip = _private_step.threshold_value(svi.clipping_threshold, params) if clip_traced else None
         if clip_traced:   # checked at every run: the steps, and the check within them, are traced once
-            _private_step.check_threshold_fits(svi.clipping_threshold, params, plan.sampler.max_batch_size)
+            _private_step.check_threshold_fits(svi.clipping_threshold, clip.dtype, plan.sampler.max_batch_size)
 
         def run_steps(svi_state, average, start, data, length):
             svi_state, average, losses, ok = run_chunk(svi_state, average, (batch_key, step_key), start,
