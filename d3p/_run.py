@@ -43,13 +43,18 @@ def _batch_gatherer(sampler, rng_suite, treedef):
     return gather
 
 
-def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_params, fold_in):
+def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_params, fold_in, steps_traced=False):
     """``run_chunk(svi_state, average, keys, start, average_from, data, length,
     sigma, clip) -> (svi_state, average, losses, ok)``: ``length`` steps of
-    ``update`` from step ``start`` on, in one jitted ``lax.scan`` (one
-    compilation per ``length`` and data shapes; the keys, the data,
+    ``update`` from step ``start`` on, in one jitted loop. The keys, the data,
     ``average_from``, ``sigma`` and ``clip`` are arguments, so the compiled
-    program serves every run). ``sigma``: the noise multiplier where the
+    program serves every run. With ``steps_traced`` (:func:`_steps_traced`:
+    on CPU) ``length`` is an argument too, at most :data:`_CHUNK_STEPS`: one
+    program for every number of steps, and ``losses`` has
+    :data:`_CHUNK_STEPS` entries, the first ``length`` of them the steps';
+    otherwise the loop is a ``lax.scan`` of ``length`` steps, one program per
+    ``length`` (a loop whose trip count is a constant of the program spares
+    a GPU the copy of its predicate to the host at every step). ``sigma``: the noise multiplier where the
     steps take it as an argument (:func:`d3p._private_step.traced_sigma`: a
     run at another ε compiles nothing), else None and σ is a constant of the
     program; ``clip`` likewise the clipping threshold
@@ -76,6 +81,9 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
         average = _averaged(average, get_params(svi_state.optim_state), i >= average_from)
         return (svi_state, average, ok & batch_ok), loss
 
+    if steps_traced:
+        return jax.jit(functools.partial(_traced_length_chunk, svi, body_fn))
+
     @functools.partial(jax.jit, static_argnums=6)
     def run_chunk(svi_state, average, keys, start, average_from, data, length, sigma=None, clip=None):
         steps = start + jnp.arange(length, dtype=jnp.uint32)
@@ -89,6 +97,38 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
         return svi_state, average, losses, ok
 
     return run_chunk
+
+
+#: The most steps of one call of ``run``'s compiled chunk where the number of
+#: steps is an argument (:func:`_compiled_chunks`); also the most steps between
+#: two updates of the progress bar.
+_CHUNK_STEPS = 1000
+
+
+def _traced_length_chunk(svi, body_fn, svi_state, average, keys, start, average_from, data, length,
+                         sigma=None, clip=None):
+    """:func:`_compiled_chunks`' chunk whose number of steps ``length`` (a
+    ``uint32`` in ``[1, _CHUNK_STEPS]``) is an argument: a ``fori_loop`` whose
+    trip count the program reads, the losses written into a buffer of
+    :data:`_CHUNK_STEPS` entries (of the default float type while the loop is
+    traced, then of the loss's own, which is known only then: both hold every
+    loss exactly)."""
+    buffer_dtype, loss_dtypes = jnp.result_type(float), []
+
+    def body(j, carry):
+        carry, losses = carry
+        carry, loss = body_fn(carry, keys, start + j, average_from, data)
+        loss_dtypes.append(loss.dtype)
+        return carry, losses.at[j].set(loss.astype(buffer_dtype))
+
+    svi._run_sigma, svi._run_clip = sigma, clip   # read by the step while it is traced; reset below
+    try:
+        losses = jnp.full((_CHUNK_STEPS,), jnp.nan, buffer_dtype)
+        (svi_state, average, ok), losses = lax.fori_loop(
+            jnp.uint32(0), length, body, ((svi_state, average, jnp.bool_(True)), losses))
+    finally:
+        svi._run_sigma = svi._run_clip = None
+    return svi_state, average, losses.astype(loss_dtypes[0]), ok
 
 
 def _averaged(average, params, include):
@@ -109,18 +149,20 @@ class _RunCache:
     def __init__(self):
         self._chunks = {}
 
-    def steps(self, update, sampler, rng_suite, treedef, forward_mode, layout=None):
+    def steps(self, update, sampler, rng_suite, treedef, forward_mode, layout=None, steps_traced=False):
         """``(gather, run_chunk, compiled)`` of :func:`_batch_gatherer` and
         :func:`_compiled_chunks` for these settings (cached; ``compiled``: if
         they were asked for before); ``layout``: anything else the steps
-        depend on (the device mesh, σ where it is a constant)."""
-        key = (update.__name__, sampler, rng_suite, treedef, forward_mode, layout)
+        depend on (the device mesh, σ where it is a constant);
+        ``steps_traced``: whether the chunk takes its number of steps as an
+        argument (:func:`_steps_traced`)."""
+        key = (update.__name__, sampler, rng_suite, treedef, forward_mode, layout, steps_traced)
         compiled = key in self._chunks
         if not compiled:
             gather = _batch_gatherer(sampler, rng_suite, treedef)
             self._chunks[key] = (
                 gather, _compiled_chunks(update, gather, sampler.expected_batch_size, forward_mode,
-                                         update.__self__.optim.get_params, rng_suite.fold_in))
+                                         update.__self__.optim.get_params, rng_suite.fold_in, steps_traced))
         return self._chunks[key] + (compiled,)
 
 
@@ -148,25 +190,29 @@ def _epsilon_text(svi, plan, N, start_step, fingerprint, ledger):
     return text
 
 
-def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, epsilon_text=None):
+def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, epsilon_text=None,
+                   steps_traced=False):
     """All steps of :meth:`DPSVI.run`: ``run_chunk(svi_state, average, start,
     data, length)`` (:func:`_compiled_chunks`), all steps in one chunk
-    without a bar; step ``i`` of the run has index ``start + i`` in
+    without a bar (in chunks of :data:`_CHUNK_STEPS` where ``steps_traced``);
+    step ``i`` of the run has index ``start + i`` in
     the stream of batch keys. With ``epsilon_text`` (:func:`_epsilon_text`), a
     tqdm bar showing the loss and ε advances after each chunk of about 5% of
     the run: one Python dispatch per step would cost more than a small
     model's step. Returns ``(svi_state, average, losses)``."""
     bar = None
-    chunk = num_steps
+    chunk = min(num_steps, _CHUNK_STEPS) if steps_traced else num_steps
     if epsilon_text is not None:
-        chunk = min(max(-(-num_steps // 20), 1), _MAX_BAR_CHUNK)
+        chunk = min(max(-(-num_steps // 20), 1), _CHUNK_STEPS)
         bar = tqdm.tqdm(total=num_steps)
     losses, done = [], 0
     try:
         while done < num_steps:
             length = min(chunk, num_steps - done)
             svi_state, average, chunk_losses = run_chunk(svi_state, average, jnp.uint32(start + done), records,
-                                                         length)
+                                                         np.uint32(length) if steps_traced else length)
+            if steps_traced:
+                chunk_losses = chunk_losses[:length]
             losses.append(chunk_losses)
             done += length
             if bar is not None:
@@ -179,10 +225,6 @@ def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, e
         if bar is not None:
             bar.close()
     return svi_state, average, losses[0] if len(losses) == 1 else jnp.concatenate(losses)
-
-
-#: Most steps between two updates of ``run``'s progress bar.
-_MAX_BAR_CHUNK = 1000
 
 
 # ---------------------------------------------------------------- the run
@@ -236,12 +278,13 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         update = svi.stable_update if stable_update else svi.update
         traced, clip_traced = _private_step.traced_sigma(svi, plan.sigma), _private_step.traced_threshold(svi)
         constants = (None if traced else plan.sigma, None if clip_traced else svi.clipping_threshold)
+        steps_traced = _steps_traced(svi)
         gather, run_chunk, compiled = svi._run_cache.steps(update, plan.sampler, svi.rng_suite, treedef, forward_mode,
-                                                           (_run_layout(svi),) + constants)
+                                                           (_run_layout(svi),) + constants, steps_traced)
         if not compiled:
-            _say("d3p: compiling the private step (once: later runs with the same data shapes, batch size and "
-                 "number of steps reuse it, at any ε" + (" and clipping threshold)" if clip_traced else ")"),
-                 progress_bar)
+            _say("d3p: compiling the private step (once: later runs with the same data shapes and batch size "
+                 "reuse it, " + ("with any number of steps, " if steps_traced else "with the same number of steps, ")
+                 + "at any ε" + (" and clipping threshold)" if clip_traced else ")"), progress_bar)
         # the steps' warning is given while they are traced: a later run with another σ is not traced again
         _private_step.warn_if_all_noise(svi, plan.sampler.expected_batch_size, stacklevel=3, sigma=plan.sigma)
         batch = lambda: jax.eval_shape(gather, batch_key, records, 0)[:2]   # noqa: E731 - shapes, when needed
@@ -264,7 +307,7 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         mean = (params, jnp.zeros((), jnp.int32))
         epsilon_text = _epsilon_text(svi, plan, N, start_step, fingerprint, ledger) if progress_bar else None
         svi_state, mean, losses = _run_in_chunks(run_steps, svi_state, mean, records, num_steps, start_step,
-                                                 epsilon_text)
+                                                 epsilon_text, steps_traced)
         params = svi.constrain_fn(mean[0]) if average else None
         result = _run_plan.run_result(svi, svi_state, losses, plan, N, num_steps, start_step, params=params,
                                       averaged_steps=int(mean[1]) if average else 0)
@@ -296,6 +339,21 @@ def _averaging_start(average: float, num_steps: int) -> int:
     """The index, within a run of ``num_steps``, of the first step averaged:
     the last ``ceil(average * num_steps)`` steps (none for 0)."""
     return num_steps - math.ceil(average * num_steps) if average else num_steps
+
+
+def _steps_traced(svi) -> bool:
+    """Whether ``run``'s compiled chunk takes its number of steps as an
+    argument (:func:`_compiled_chunks`): where its steps run on CPU (the
+    devices of ``svi``'s mesh, else JAX's default device), which reads a
+    loop's trip count for free. On an accelerator the trip count stays a
+    constant of the program, as ``lax.scan``'s: a loop that reads it would
+    copy its predicate to the host at every step."""
+    if svi.mesh is not None:
+        return svi.mesh.devices.flat[0].platform == "cpu"
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.default_backend() == "cpu"
+    return (device if isinstance(device, str) else device.platform) == "cpu"
 
 
 def _run_layout(svi):

@@ -8,6 +8,9 @@ the compiled program, not a constant (issue "Compile once").
   differs from the first run's.
 - The first run says that it compiles, before it does; a run that reuses the
   program says nothing of the kind.
+- On CPU the number of steps is an argument too: runs of any length, with or
+  without the progress bar, share one program and release what the programs
+  with the length a constant (the path of accelerators) release.
 """
 
 import logging
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 
 import d3p.random
-from d3p import _private_step
+from d3p import _private_step, _run as run_module
 
 from _normal_mean import normal_mean_svi
 
@@ -99,7 +102,7 @@ def test_sigma_stays_a_constant_where_the_program_depends_on_it(settings):
     svi = normal_mean_svi(N=N, **settings)
     svi.run(d3p.random.PRNGKey(0), 2, XS, batch_size=B, progress_bar=False)
     ((key, _),) = svi._run_cache._chunks.items()
-    layout, sigma, clipping_threshold = key[-1]
+    layout, sigma, clipping_threshold = key[-2]
     assert sigma == settings["dp_scale"]
     # the discrete mechanism's plan depends on C too
     assert clipping_threshold == (1.0 if settings.get("noise") == "discrete" else None)
@@ -183,3 +186,42 @@ def test_a_clipping_threshold_set_between_runs_is_checked():
             _run(svi, 1.0)
     svi.clipping_threshold = 1e36   # C B = 1e37: accepted
     _run(svi, 1.0)
+
+
+def _lengths_run(svi, progress_bar):
+    """Runs of 7 and 10 steps without the bar and of 23 with it (chunks of 2
+    steps and a last one of 1), each continuing the last's state."""
+    key, results, state = d3p.random.PRNGKey(5), [], None
+    for steps, bar in ((7, False), (10, False), (23, progress_bar)):
+        result = svi.run(key, steps, XS, batch_size=B, progress_bar=bar, init_state=state,
+                         start_step=sum(r.losses.shape[0] for r in results))
+        results.append(result)
+        state = result.state
+    return results
+
+
+def test_on_cpu_runs_of_any_number_of_steps_share_one_program(monkeypatch):
+    monkeypatch.setattr(run_module, "_CHUNK_STEPS", 4)   # 10 steps without the bar: chunks of 4, 4 and 2
+    svi = normal_mean_svi(clipping_threshold=1.0, dp_scale=1.0, N=N)
+    results = _lengths_run(svi, progress_bar=True)
+    (run_chunk,) = _chunks(svi)
+    assert run_chunk._cache_size() == 1
+    assert [r.losses.shape for r in results] == [(7,), (10,), (23,)]
+    # the reference: the length a constant of the program (one program per length)
+    monkeypatch.setattr(run_module, "_steps_traced", lambda svi: False)
+    reference_svi = normal_mean_svi(clipping_threshold=1.0, dp_scale=1.0, N=N)
+    reference = _lengths_run(reference_svi, progress_bar=True)
+    (reference_chunk,) = _chunks(reference_svi)
+    assert reference_chunk._cache_size() == 4   # lengths 7, 10, 2 and 1
+    for got, want in zip(results, reference):
+        assert got.losses.dtype == want.losses.dtype
+        for a, b in zip(_leaves(got) + jax.tree.leaves(got.state), _leaves(want) + jax.tree.leaves(want.state)):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert not np.isnan(np.asarray(results[1].losses)).any()   # no entry of the chunk's buffer beyond its steps
+
+
+def test_the_number_of_steps_is_an_argument_on_cpu_only(monkeypatch):
+    svi = normal_mean_svi(clipping_threshold=1.0, dp_scale=1.0, N=N)
+    assert run_module._steps_traced(svi)   # JAX's default device here: a CPU
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert not run_module._steps_traced(svi)
