@@ -38,6 +38,7 @@ import warnings
 from typing import List, Optional
 
 from d3p import _validate
+from d3p._validate import plural
 
 __all__ = ["add_twin_subparser", "register_twin", "add_twin_arguments", "main_twin", "main", "EXIT_BAD_INPUT",
            "add_twin_schema_subparser", "add_twin_schema_arguments", "main_twin_schema"]
@@ -190,11 +191,6 @@ class _BadInput(Exception):
 def _err(msg: str, command: str = "twin") -> int:
     print(f"d3p {command}: error: {msg}", file=sys.stderr)
     return EXIT_BAD_INPUT
-
-
-def _plural(count: int, word: str) -> str:
-    """``1 column``, ``2 columns``."""
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _check_options(args) -> None:
@@ -372,16 +368,16 @@ def _read_inputs(args, *, command: str = "twin"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SchemaInferenceWarning)  # said below, in the options' terms
         schema = infer_schema(data, given, max_levels=args.max_levels or DEFAULT_MAX_LEVELS)
-    print(f"d3p {command}: read {_plural(len(data), 'record')} x {_plural(len(schema), 'column')} from "
+    print(f"d3p {command}: read {plural(len(data), 'record')} x {plural(len(schema), 'column')} from "
           f"{args.input}", file=sys.stderr)
     where = "in the summary at the end" if command == "twin" else "below"
     before = given.inferred_fields() if given is not None else {}
     new = [c for c, fields in schema.inferred_fields().items() if set(fields) - set(before.get(c, ()))]
     if new:
-        print(f"WARNING: schema fields of {len(new)} of {_plural(len(schema), 'column')} were read from the data "
+        print(f"WARNING: schema fields of {len(new)} of {plural(len(schema), 'column')} were read from the data "
               f"WITHOUT privacy (not covered by epsilon, delta; listed {where})", file=sys.stderr)
     elif before:
-        print(f"WARNING: {args.schema} marks schema fields of {_plural(len(before), 'column')} as read from the "
+        print(f"WARNING: {args.schema} marks schema fields of {plural(len(before), 'column')} as read from the "
               f"data ('inferred'): not covered by epsilon, delta (listed {where})", file=sys.stderr)
     return data, schema
 
@@ -437,7 +433,7 @@ def _ledger_lines(args, ledger, twin) -> List[str]:
     delta = twin.privacy.get("delta") if twin.privacy.get("private") else None
     delta = delta or ledger.budget_delta
     total = f"epsilon = {ledger.epsilon(delta):.4g} at delta = {delta:.3g}" if delta else "not private"
-    lines = [f"  ledger    {args.ledger}: {_plural(len(ledger), 'release')} of this data set, this twin included: "
+    lines = [f"  ledger    {args.ledger}: {plural(len(ledger), 'release')} of this data set, this twin included: "
              f"in total {total}"]
     if ledger.budget_epsilon is not None:
         lines.append(f"            budget epsilon = {ledger.budget_epsilon:g} at delta = {ledger.budget_delta:.3g}: "
@@ -546,10 +542,10 @@ def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str
     else:
         lines.append("  privacy   NONE: epsilon = inf (no noise: a non-private fit for comparison)")
     if marginal:
-        lines.append(f"  noise     zCDP rho = {p['rho']:.4g} in {_plural(p['num_releases'], 'release')} (Gaussian "
+        lines.append(f"  noise     zCDP rho = {p['rho']:.4g} in {plural(p['num_releases'], 'release')} (Gaussian "
                      f"marginal tables, exponential-mechanism choices), seed: {seed_text}")
-        lines.append(f"  model     graphical model on {_plural(p['num_measurements'], 'noisy marginal table')}, "
-                     f"{_plural(len(twin.schema), 'column')}, {_plural(num_records, 'record')} (N treated as public)")
+        lines.append(f"  model     graphical model on {plural(p['num_measurements'], 'noisy marginal table')}, "
+                     f"{plural(len(twin.schema), 'column')}, {plural(num_records, 'record')} (N treated as public)")
     else:
         adaptive = twin.fit_info.get("adaptive_clipping")
         clip = (f"clipping threshold C = {p['clipping_threshold']:g}" if adaptive is None else
@@ -558,13 +554,13 @@ def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str
         lines.append(f"  noise     sigma = {p['sigma']:.4g}, {clip}, "
                      f"q = {p['q']:.4g}, steps = {p['num_steps']}, seed: {seed_text}")
         lines.append(f"  model     {twin.model_spec.get('num_components')}-component mixture, "
-                     f"{_plural(len(twin.schema), 'column')}, {_plural(num_records, 'record')} (N treated as public)")
+                     f"{plural(len(twin.schema), 'column')}, {plural(num_records, 'record')} (N treated as public)")
     lines.append(f"  time      {seconds:.1f} s (fit {twin.fit_info['seconds']:.1f} s)")
     lines += _noise_lines(args, twin, num_records)
     lines += _not_covered_lines(args, twin)
-    lines.append(f"  synthetic {_plural(num_synthetic, 'record')} -> {args.output}")
+    lines.append(f"  synthetic {plural(num_synthetic, 'record')} -> {args.output}")
     if args.report_dir:
-        lines.append(f"  report    {_plural(num_report_files, 'file')} -> {args.report_dir}  (NOT private: "
+        lines.append(f"  report    {plural(num_report_files, 'file')} -> {args.report_dir}  (NOT private: "
                      "statistics of the real data, do not publish)")
     if args.save_model:
         lines.append(f"  model     saved -> {args.save_model}")
@@ -597,7 +593,7 @@ def _not_covered_lines(args, twin) -> List[str]:
     else:
         how = ("write the schema with 'python -m d3p twin-schema', replace them by public knowledge and pass it "
                "with --schema")
-    lines = [f"  WARNING   schema fields of {_plural(len(fields), 'column')} read from the data WITHOUT privacy "
+    lines = [f"  WARNING   schema fields of {plural(len(fields), 'column')} read from the data WITHOUT privacy "
              "(not covered by epsilon, delta):"]
     lines += [f"              {line}" for line in twin.schema.inferred_lines(fields)]
     lines.append(f"            to avoid it: {how}")

@@ -572,7 +572,8 @@ def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sam
             bar.close()
     model = MarginalModel(schema, space, graph)
     if ledger is not None:
-        ledger.record(ZCDPRelease(f"marginal twin: {len(budget.ledger)} release{'' if len(budget.ledger) == 1 else 's'}", budget.spent, str(relation)))
+        ledger.record(ZCDPRelease(f"marginal twin: {_validate.plural(len(budget.ledger), 'release')}", budget.spent,
+                                  str(relation)))
     eps = budget.epsilon(delta) if math.isfinite(budget.spent) else math.inf
     privacy = {
         "epsilon": eps, "target_epsilon": epsilon, "delta": delta if math.isfinite(eps) else None,
