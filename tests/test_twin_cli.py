@@ -369,3 +369,34 @@ def test_family_auto_is_described_by_the_rule_the_code_uses():
     text = " ".join(family.help.split())
     assert f"at most {MARGINAL_MAX_NOISE_TV:g} in total-variation distance" in text
     assert f"fewer than {MIXTURE_MIN_RECORDS} records" in text and "categorical or boolean" not in text
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_the_summary_says_once_how_sigma_follows_from_epsilon(private):
+    """The mixture's summary: sigma's line says it was calibrated for the
+    epsilon of the line above (with q and the steps), every figure once."""
+    import argparse
+    import types
+
+    from d3p.twin.cli import _summary
+
+    privacy = {"private": private, "epsilon": 0.9876 if private else float("inf"), "target_epsilon": 1.0,
+               "delta": 1.5e-5, "relation": "add_remove", "sampling": "poisson",
+               "sigma": 1.2345 if private else 0.0, "clipping_threshold": 2.0, "q": 0.125, "num_steps": 321,
+               "not_covered": {}}
+    twin = types.SimpleNamespace(privacy=privacy, model_spec={"type": "mixture", "num_components": 3},
+                                 schema=["a", "b"], fit_info={"seconds": 1.0, "adaptive_clipping": None})
+    args = argparse.Namespace(schema=None, output="out.csv", report_dir=None, save_model=None)
+    lines = _summary(args, twin, num_records=100, num_synthetic=100, seed_text="7", num_report_files=0,
+                     seconds=2.0)
+    text = "\n".join(lines)
+    (noise,) = [line for line in lines if "sigma" in line]
+    assert lines.index(noise) == 3 and lines[2].startswith("  privacy   ")   # right under epsilon's line
+    if private:
+        assert "sigma = 1.234, calibrated so that q = 0.125 and steps = 321 give the epsilon above;" in noise
+        figures = ("epsilon = 0.9876", "target 1)", "delta = 1.5e-05", "sigma = 1.234", "C = 2", "q = 0.125",
+                   "steps = 321", "seed: 7")
+        assert all(text.count(f) == 1 for f in figures), text
+        assert text.count("epsilon") == 2 and "calibrated" not in lines[2]   # the figure, and the reference to it
+    else:
+        assert "sigma = 0, no noise, with q = 0.125 and steps = 321;" in noise and "calibrated" not in text

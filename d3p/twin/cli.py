@@ -324,8 +324,8 @@ def _run(args) -> int:
     num_report_files = _write_outputs(args, data, synthetic, twin, metrics)
     lines = _summary(args, twin, num_records=len(data), num_synthetic=num_synthetic, seed_text=seed_text,
                      num_report_files=num_report_files, seconds=time.monotonic() - t_start)
-    if ledger is not None:   # after the twin's own figures (the summary's first three lines)
-        lines[3:3] = _ledger_lines(args, ledger, twin)
+    if ledger is not None:   # after the twin's own privacy and noise (the summary's lines 2 and 3)
+        lines[4:4] = _ledger_lines(args, ledger, twin)
     if not args.no_utility:
         lines += _utility_lines(metrics)
     print("\n".join(lines))
@@ -551,8 +551,10 @@ def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str
         clip = (f"clipping threshold C = {p['clipping_threshold']:g}" if adaptive is None else
                 f"adaptive clipping to the {adaptive['target_quantile']:g} quantile, C = "
                 f"{p['clipping_threshold']:g} -> {adaptive['final_clipping_threshold']:.4g}")
-        lines.append(f"  noise     sigma = {p['sigma']:.4g}, {clip}, "
-                     f"q = {p['q']:.4g}, steps = {p['num_steps']}, seed: {seed_text}")
+        # how sigma follows from epsilon, said once (the line above gives epsilon)
+        steps = f"q = {p['q']:.4g} and steps = {p['num_steps']}"
+        how = f"calibrated so that {steps} give the epsilon above" if p["private"] else f"no noise, with {steps}"
+        lines.append(f"  noise     sigma = {p['sigma']:.4g}, {how}; {clip}, seed: {seed_text}")
         lines.append(f"  model     {twin.model_spec.get('num_components')}-component mixture, "
                      f"{plural(len(twin.schema), 'column')}, {plural(num_records, 'record')} (N treated as public)")
     lines.append(f"  time      {seconds:.1f} s (fit {twin.fit_info['seconds']:.1f} s)")
