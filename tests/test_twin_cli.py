@@ -311,6 +311,158 @@ def test_a_target_the_report_cannot_predict_is_refused_before_the_fit(tmp_path, 
     assert "Traceback" not in err and not out_csv.exists()
 
 
+def _schema_file(tmp_path, frame, **changes):
+    """The schema inferred from ``frame``, with ``changes`` ({column: {field: value}}), as a file."""
+    import warnings
+
+    from d3p.twin.schema import infer_schema
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        schema = infer_schema(frame).to_dict()
+    for column in schema["columns"]:
+        column.update(changes.get(column["name"], {}))
+        column["inferred"] = []
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    return str(path)
+
+
+def test_the_target_kind_is_the_schema_s_checked_before_the_fit(tmp_path, capsys, no_fit):
+    """A column the schema of the fit declares real is refused as a target
+    before the fit, though its values (five distinct ones) would do as classes."""
+    frame = good_frame().assign(score=np.tile([0.5, 1.5, 2.5, 3.5, 4.5], 24))
+    inp = write_csv(tmp_path / "in.csv", frame)
+    schema = _schema_file(tmp_path, frame, score={"kind": "real", "lower": 0.0, "upper": 5.0,
+                                                  "distribution": "normal", "decimals": 1, "levels": None,
+                                                  "dtype": "float64"})
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--target", "score", "--schema", schema],
+                              capsys)
+    assert code == EXIT_BAD_INPUT and "--target 'score': Expected a categorical target" in err
+    assert "(a real column in the schema)" in err and "Traceback" not in err
+
+
+def test_a_categorical_target_of_the_schema_is_predicted_whatever_its_values():
+    """With a schema, a categorical target of 30 numeric levels is a target
+    (without one, its values make it continuous): the check before the fit
+    and the report's accuracy after it agree."""
+    from d3p.twin.metrics import check_classification_target, train_on_synthetic_accuracy
+    from d3p.twin.schema import ColumnSpec, Schema
+
+    rng = np.random.default_rng(0)
+    levels = tuple(float(v) + 0.5 for v in range(30))
+    frame = pd.DataFrame({"x": rng.normal(size=300), "y": rng.choice(levels, 300)})
+    schema = Schema((ColumnSpec("x", "real", "float64", False, lower=-5.0, upper=5.0, distribution="normal"),
+                     ColumnSpec("y", "categorical", "float64", False, levels=levels)))
+    with pytest.raises(ValueError, match="is continuous"):
+        check_classification_target(frame, "y")
+    check_classification_target(frame, "y", schema=schema)
+    result = train_on_synthetic_accuracy(frame, frame, "y", schema=schema)
+    assert result["num_test"] == 300
+
+
+def _exhausted_ledger(tmp_path):
+    from d3p.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger(budget_epsilon=1.0, budget_delta=1e-4)
+    ledger.record_epsilon_delta("an earlier release", 0.9, 1e-5, relation="add_remove")
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps(ledger.to_dict()))
+    return path
+
+
+@pytest.fixture
+def no_read(monkeypatch):
+    """Make reading the data an error: the checks under test need no data."""
+    import d3p.twin.cli as cli
+
+    monkeypatch.setattr(cli, "_read_csv", lambda *a, **k: (_ for _ in ()).throw(AssertionError("read")))
+
+
+def _no_data_cases(tmp_path):
+    """(name, extra arguments, output path, words of the error): checks that need neither the data nor a fit."""
+    d = tmp_path
+    (d / "dir.json").mkdir()
+    (d / "locked").mkdir()
+    return [
+        ("report folder's directory missing", ["--report-dir", d / "no" / "rep"], d / "o.csv", "--report-dir"),
+        ("saved twin's directory missing", ["--save-model", d / "no" / "m"], d / "o.csv", "--save-model"),
+        ("saved twin's directory not writable", ["--save-model", d / "locked" / "m"], d / "o.csv",
+         "is not writable"),
+        ("ledger's directory missing", ["--ledger", d / "no" / "l.json"], d / "o.csv", "for --ledger does not exist"),
+        ("ledger is the output", ["--ledger", d / "o.csv"], d / "o.csv", "--ledger and output are the same path"),
+        ("ledger is a directory", ["--ledger", d / "dir.json"], d / "o.csv", "--ledger"),
+        ("budget without a ledger", ["--budget-epsilon", "1", "--budget-delta", "1e-5"], d / "o.csv",
+         "need --ledger"),
+        ("budget for an existing ledger", ["--ledger", _exhausted_ledger(d), "--budget-epsilon", "5",
+                                           "--budget-delta", "1e-5"], d / "o.csv", "exists and keeps its own"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_checks_that_need_no_data_come_before_reading_it(tmp_path, capsys, monkeypatch, no_read, no_fit, case):
+    import d3p.twin.cli as cli
+
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    name, extra, out_csv, words = _no_data_cases(tmp_path)[case]
+    locked, real_access = str(tmp_path / "locked"), os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if str(p) == locked else real_access(p, mode))
+    code, out, err = run_main([inp, out_csv, "--epsilon", "1", *extra], capsys)
+    assert code == EXIT_BAD_INPUT and err.startswith("d3p twin: error:") and words in err, (name, err)
+    assert "Traceback" not in err and not os.path.exists(out_csv), name
+
+
+def test_a_report_without_matplotlib_is_refused_before_reading(tmp_path, capsys, monkeypatch, no_read, no_fit):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # its import fails
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--report-dir", tmp_path / "r"], capsys)
+    assert code == EXIT_BAD_INPUT and "--report-dir" in err and "pip install matplotlib" in err
+
+
+@pytest.mark.parametrize("argv, words", [(["--epsilon", "0"], "--epsilon"), (["--epsilon", "1", "--delta", "1"],
+                                                                           "--delta")])
+def test_epsilon_and_delta_are_checked_before_reading(tmp_path, capsys, no_read, no_fit, argv, words):
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    with pytest.raises(SystemExit) as e:
+        main([inp, str(tmp_path / "o.csv"), *argv])
+    assert e.value.code == EXIT_BAD_INPUT and words in capsys.readouterr().err
+
+
+def test_a_schema_that_does_not_fit_the_columns_is_refused_before_the_fit(tmp_path, capsys, no_fit):
+    frame = good_frame()
+    inp = write_csv(tmp_path / "in.csv", frame)
+    schema = _schema_file(tmp_path, frame.assign(extra=1.0))
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--schema", schema], capsys)
+    assert code == EXIT_BAD_INPUT and "['extra']" in err and "not in the data" in err
+
+
+def test_a_twin_past_the_ledger_budget_is_refused_before_its_rounds(tmp_path, capsys, monkeypatch):
+    import d3p.twin.inference as inference
+
+    monkeypatch.setattr(inference, "fit_marginals", lambda *a, **k: (_ for _ in ()).throw(AssertionError("fit")))
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    ledger = _exhausted_ledger(tmp_path)
+    saved = ledger.read_text()
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--delta", "1e-5", "--family", "marginal",
+                               "--ledger", ledger, "--no-progress"], capsys)
+    assert code == EXIT_BAD_INPUT and "to fit the ledger's budget of epsilon 1" in err
+    assert ledger.read_text() == saved and not (tmp_path / "o.csv").exists()
+
+
+@pytest.mark.slow
+def test_a_mixture_past_the_ledger_budget_is_refused_before_its_steps(tmp_path, capsys, monkeypatch):
+    import d3p._run
+
+    monkeypatch.setattr(d3p._run, "_run_in_chunks", lambda *a, **k: (_ for _ in ()).throw(AssertionError("steps")))
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    ledger = _exhausted_ledger(tmp_path)
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--delta", "1e-5", "--family", "mixture",
+                               "--steps", "5", "--ledger", ledger, "--no-progress", "--seed", "1"], capsys)
+    assert code == EXIT_BAD_INPUT and "to fit the ledger's budget of epsilon 1" in err
+
+
 def test_a_target_is_not_checked_when_nothing_predicts_it(tmp_path, capsys, monkeypatch):
     import d3p.twin.cli as cli
 

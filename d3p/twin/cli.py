@@ -203,6 +203,11 @@ def _check_options(args) -> None:
 
 
 def _check_paths(args) -> None:
+    """The input exists and every file written can be: the folders of the
+    output, ``--report-dir``, ``--save-model`` and ``--ledger`` exist and are
+    writable, no two are the same path nor the input, and an existing output
+    is replaced only with ``--overwrite`` (the ledger, read and updated, may
+    exist). Before the data are read."""
     inp = os.path.abspath(args.input)
     if not os.path.exists(args.input):
         raise _BadInput(f"input file {args.input!r} not found")
@@ -210,10 +215,11 @@ def _check_paths(args) -> None:
         raise _BadInput(f"input {args.input!r} is a directory, expected a CSV file")
     if os.path.getsize(args.input) == 0:
         raise _BadInput(f"input file {args.input!r} is empty")
-    outs = [("output", args.output, False), ("--report-dir", args.report_dir, True),
-            ("--save-model", args.save_model, True)]
+    # (option, path, a directory, replaced only with --overwrite)
+    outs = [("output", args.output, False, True), ("--report-dir", args.report_dir, True, True),
+            ("--save-model", args.save_model, True, True), ("--ledger", args.ledger, False, False)]
     seen = {}
-    for what, path, is_dir in outs:
+    for what, path, is_dir, replaced in outs:
         if path is None:
             continue
         ap = os.path.abspath(path)
@@ -228,7 +234,7 @@ def _check_paths(args) -> None:
         if not os.access(parent, os.W_OK | os.X_OK):
             raise _BadInput(f"the directory {parent!r} for {what} is not writable")
         if os.path.exists(path):
-            if not args.overwrite:
+            if replaced and not args.overwrite:
                 raise _BadInput(f"{what} {path!r} exists; pass --overwrite to replace it")
             if is_dir != os.path.isdir(path):
                 raise _BadInput(f"{what} {path!r} exists and is not a {'directory' if is_dir else 'file'}")
@@ -300,8 +306,11 @@ def main_twin(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser
 
 def _run(args) -> int:
     t_start = time.monotonic()
+    # every check that needs neither the data nor a fit, then those that need the data
     _check_options(args)
     _check_paths(args)
+    _check_report_needs(args)
+    ledger = _ledger(args)
     from d3p.twin.schema import TwinInputError
 
     try:
@@ -309,9 +318,8 @@ def _run(args) -> int:
         # the report's real data: with --schema the records as the schema maps
         # them, i.e. as the twin sees them (the columns it describes were read as text)
         report_data = _report_data(args, data, schema)
-        _check_target(args, report_data)
+        _check_target(args, report_data, schema)
         key, seed_text = _rng_key(args)
-        ledger = _ledger(args)
         twin = _fit(args, data, schema, key, ledger)
         if ledger is not None:
             _save_ledger(args, ledger, twin)
@@ -338,17 +346,30 @@ def _report_data(args, data, schema):
     return schema.decode(schema.encode(data)) if args.schema is not None else data
 
 
-def _check_target(args, report_data) -> None:
+def _check_report_needs(args) -> None:
+    """Before the data are read: the plotting library of ``--report-dir``
+    (scikit-learn, for ``--target``, is checked with the target)."""
+    if args.report_dir is None:
+        return
+    from d3p.twin.report import require_matplotlib
+
+    try:
+        require_matplotlib()
+    except ImportError as e:
+        raise _BadInput(f"--report-dir {args.report_dir!r}: {e}") from None
+
+
+def _check_target(args, report_data, schema) -> None:
     """Before the fit: whether the report can predict ``--target`` (the
     checks of the train-on-synthetic accuracy, on ``report_data``, the real
-    records it will be tested on), where the utility figures or the report
-    are asked for."""
+    records it will be tested on, and the target's kind in ``schema``, the
+    schema of the fit), where the utility figures or the report are asked for."""
     if args.target is None or (args.no_utility and not args.report_dir):
         return
     from d3p.twin.metrics import check_classification_target
 
     try:
-        check_classification_target(report_data.rename(columns=str), args.target)
+        check_classification_target(report_data.rename(columns=str), args.target, schema=schema)
     except (ValueError, ImportError) as e:
         raise _BadInput(f"--target {args.target!r}: {e} (checked before the fit: the utility figures predict "
                         "it; --no-utility without --report-dir skips them)") from None
@@ -669,7 +690,7 @@ def main_twin_schema(args: argparse.Namespace, parser: Optional[argparse.Argumen
     from d3p.twin.schema import TwinInputError
 
     try:
-        args.report_dir = args.save_model = args.target = None
+        args.report_dir = args.save_model = args.target = args.ledger = None
         _check_paths(args)
         data, schema = _read_inputs(args, command="twin-schema")
         tmp = _io.temporary_file_for(args.output)

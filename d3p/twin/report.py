@@ -38,6 +38,17 @@ REPORT_NOTE = (
 )
 
 
+def require_matplotlib() -> None:
+    """Raise ``ImportError`` (saying how to install it) if matplotlib, which
+    draws the report's plots, is not installed: the check of
+    :func:`write_report_files`, which the command line makes before it fits."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError("the report's plots need matplotlib, which is not installed; install it with "
+                          "`pip install matplotlib` (or `pip install d3p[twin]`).") from None
+
+
 def _safe(name: str) -> str:
     s = re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).strip("._") or "column"
     return s[:40]
@@ -130,6 +141,7 @@ def write_report_files(directory: str, real: pd.DataFrame, synthetic: pd.DataFra
     see :func:`write_report`). Returns the file names. ``metrics``: those of
     :func:`d3p.twin.utility_metrics` for the same arguments, if already
     computed (default: computed here)."""
+    require_matplotlib()
     real, synthetic = real.rename(columns=str), synthetic.rename(columns=str)
     m = metrics if metrics is not None else _metrics.utility_metrics(
         real, synthetic, schema=schema, target=target, real_train=real_train, bins=bins, rng_seed=seed)
