@@ -153,12 +153,14 @@ def test_marginal_twin_refuses_mixture_options_before_reading(tmp_path, capsys):
 def test_library_errors_are_reported_in_option_terms():
     from d3p import _validate
 
-    message = ("q=0.6 is too large for Poisson sampling of N=100 records (added to delta=1e-05). Use a "
-               "smaller q or sampling='fixed'. Expected num_steps to be an integer >= 1, got num_steps=0.")
+    message = ("Expected q to be small enough for Poisson sampling of N=100 records, got q=0.6: ... (added to "
+               "delta=1e-05). Use q=0.5 or less, or sampling='fixed'. Expected num_steps to be an integer >= 1, "
+               "got num_steps=0.")
     from d3p.twin.cli import _OPTIONS, _VALUES
     assert _validate.in_option_terms(message, _OPTIONS, _VALUES) == (
-        "--q 0.6 is too large for Poisson sampling of N=100 records (added to --delta 1e-05). Use a "
-        "smaller q or --sampling fixed. Expected --steps to be an integer >= 1, got --steps 0.")
+        "Expected --q to be small enough for Poisson sampling of N=100 records, got --q 0.6: ... (added to "
+        "--delta 1e-05). Use --q 0.5 or less, or --sampling fixed. Expected --steps to be an integer >= 1, "
+        "got --steps 0.")
 
 
 def test_inferred_fields_one_short_line_per_column():

@@ -498,6 +498,31 @@ def test_errors_name_the_options_not_the_arguments(tmp_path, capsys):
     assert code == EXIT_BAD_INPUT and "--max-levels 2" in err and "max_levels" not in err
 
 
+def test_errors_of_the_fit_and_the_ledger_name_the_options(tmp_path, capsys, monkeypatch):
+    """A q too large for Poisson batches and a ledger of another relation: in
+    the options' terms (--q, --delta, --sampling), before anything is fitted."""
+    import d3p.twin.inference as inference
+    from d3p.ledger import PrivacyLedger
+
+    refuse = lambda *a, **k: (_ for _ in ()).throw(AssertionError("fit"))  # noqa: E731
+    monkeypatch.setattr(inference, "_fit_mixture", refuse)
+    monkeypatch.setattr(inference, "fit_marginals", refuse)
+    inp = write_csv(tmp_path / "in.csv", good_frame(n=40))
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--family", "mixture", "--q", "0.9",
+                               "--no-progress"], capsys)
+    assert code == EXIT_BAD_INPUT and "Expected --q to be small enough for Poisson sampling" in err
+    assert "got --q 0.9" in err and "(added to --delta " in err and "Use --q 0.5 or less, or --sampling fixed" in err
+    first = err
+    ledger = PrivacyLedger()
+    ledger.record_zcdp("an earlier twin", 0.01, relation="add_remove")
+    (tmp_path / "ledger.json").write_text(json.dumps(ledger.to_dict()))
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--family", "marginal", "--sampling",
+                               "fixed", "--ledger", tmp_path / "ledger.json", "--no-progress"], capsys)
+    assert code == EXIT_BAD_INPUT and "ledger under --sampling poisson" in err and "with --sampling fixed" in err
+    for name in ("q=", "delta=", "sampling=", "relation=", "add_remove", "substitute"):
+        assert name not in first + err, name
+
+
 @pytest.mark.parametrize("command", [["twin", "in.csv", "out.csv", "--epsilon", "1"],
                                      ["sigma", "--epsilon", "1", "--delta", "1e-5", "--q", "0.01", "--steps", "10"]])
 def test_an_unknown_option_shows_the_usage_of_its_command(capsys, command):

@@ -65,12 +65,14 @@ _POSITIVE_FLOAT = _validate.cli_option(_validate.positive)
 _OPEN_UNIT = _validate.cli_option(_validate.open_unit)
 _INTEGER = _validate.cli_option(_validate.integer, integral=True)
 
-#: :func:`d3p.twin.fit`'s argument names, as options of ``twin`` (for its messages).
+#: :func:`d3p.twin.fit`'s argument names, as options of ``twin`` (for its messages),
+#: and the neighbouring relation (of a ledger's releases), which ``--sampling`` sets.
 _OPTIONS = {"epsilon": "--epsilon", "delta": "--delta", "num_components": "--components", "num_steps": "--steps",
             "q": "--q", "sampling": "--sampling", "clipping_threshold": "--clip", "learning_rate": "--learning-rate",
             "max_levels": "--max-levels", "family": "--family", "target": "--target",
-            "adaptive_clipping": "--adaptive-clipping", "count_noise": "--adaptive-clipping"}
-_VALUES = {"sampling": {"fixed_size": "fixed"}}
+            "adaptive_clipping": "--adaptive-clipping", "count_noise": "--adaptive-clipping",
+            "relation": "--sampling"}
+_VALUES = {"sampling": {"fixed_size": "fixed"}, "relation": {"add_remove": "poisson", "substitute": "fixed"}}
 #: The options that set up the mixture fitted with DP-VI (they select it with --family auto).
 _MIXTURE_OPTIONS = (("components", "--components"), ("steps", "--steps"), ("q", "--q"), ("clip", "--clip"),
                     ("learning_rate", "--learning-rate"), ("adaptive_clipping", "--adaptive-clipping"))
