@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from d3p.twin.cli import EXIT_BAD_INPUT, add_twin_subparser, main
+from d3p.twin.cli import _MIXTURE_OPTIONS, EXIT_BAD_INPUT, add_twin_subparser, main
 
 
 def sha256(path):
@@ -546,6 +546,18 @@ def test_family_auto_is_described_by_the_rule_the_code_uses():
     text = " ".join(family.help.split())
     assert f"at most {MARGINAL_MAX_NOISE_TV:g} in total-variation distance" in text
     assert f"fewer than {MIXTURE_MIN_RECORDS} records" in text and "categorical or boolean" not in text
+    assert "from public settings only" in text and "epsilon inf" in text
+    assert "epsilon, delta, the schema's cells and N" in text   # what choose_family reads
+    options = text[text.index("the mixture otherwise"):]
+    assert all(flag in options for _, flag in _MIXTURE_OPTIONS), options   # each selects the mixture
+    # the same rule, in the same numbers, in the documentation
+    import pathlib
+
+    doc = " ".join((pathlib.Path(__file__).parent.parent / "docs" / "twin.md").read_text().split())
+    rule = doc[doc.index("`fit(..., family=\"auto\")`"):doc.index("means the mixture.")]
+    assert f"at most {MARGINAL_MAX_NOISE_TV:g} in total-variation distance" in rule
+    assert f"fewer than {MIXTURE_MIN_RECORDS} records" in rule and "ε = ∞" in rule
+    assert all(f"`{flag}`" in rule for _, flag in _MIXTURE_OPTIONS), rule
 
 
 @pytest.mark.parametrize("private", [True, False])

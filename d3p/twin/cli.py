@@ -1,9 +1,10 @@
 """Command line: ``python -m d3p twin INPUT.csv OUTPUT.csv --epsilon 1 ...``.
 
-Reads a CSV table, fits a twin with DP-VI at the target (ε, δ), writes a
-synthetic CSV and, optionally, a report folder and the saved twin. Prints a
-progress bar and a summary (ε, δ, σ, steps, time, what was read from the
-data without privacy, where the files went), then the headline utility
+Reads a CSV table, fits a twin at the target (ε, δ) (the marginal twin or a
+mixture fitted with DP-VI, ``--family``), writes a synthetic CSV and,
+optionally, a report folder and the saved twin. Prints a progress bar and a
+summary (ε, δ, the noise, time, what was read from the data without
+privacy, where the files went), then the headline utility
 figures of the report, which are computed on the real data and NOT private
 (``--no-utility`` omits them). Errors and warnings are worded in terms of
 the options and their values.
@@ -47,8 +48,8 @@ __all__ = ["add_twin_subparser", "register_twin", "add_twin_arguments", "main_tw
 EXIT_BAD_INPUT = 2
 
 _DESCRIPTION = (
-    "Fit a differentially private synthetic twin of a CSV table with DP-VI and write synthetic "
-    "records. The synthetic data carry the (epsilon, delta) guarantee for the records of INPUT, "
+    "Fit a differentially private synthetic twin of a CSV table (noisy marginal tables and a graphical "
+    "model, or a mixture fitted with DP-VI: see --family) and write synthetic records. The synthetic data carry the (epsilon, delta) guarantee for the records of INPUT, "
     "except for schema information read from the data (levels, bounds, missingness), which is "
     "listed in the summary: pass --schema to supply it from public knowledge instead. The report "
     "(--report-dir) shows statistics of the REAL data and is not private."
