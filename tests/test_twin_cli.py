@@ -535,6 +535,30 @@ def test_an_unknown_option_shows_the_usage_of_its_command(capsys, command):
     assert f"python -m d3p {command[0]}: error: unrecognized arguments: --bogus" in err
 
 
+@pytest.mark.parametrize("argv, usage", [
+    (["twin", "--bogus", "in.csv", "out.csv", "--epsilon", "1"], "python -m d3p twin"),   # before its arguments
+    (["twin", "in.csv", "out.csv", "--epsilon", "1", "--bogus=3"], "python -m d3p twin"),
+    (["twin", "in.csv", "out.csv", "extra", "--epsilon", "1"], "python -m d3p twin"),
+    (["twin-schema", "in.csv", "s.json", "--bogus"], "python -m d3p twin-schema"),
+    (["--bogus", "twin", "in.csv", "out.csv", "--epsilon", "1"], "python -m d3p"),   # given to python -m d3p
+])
+def test_an_unknown_argument_shows_the_usage_of_what_it_was_given_to(capsys, argv, usage):
+    import d3p.__main__ as top
+
+    with pytest.raises(SystemExit) as e:
+        top.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"usage: {usage} [") and f"{usage}: error: unrecognized" in err
+
+
+def test_an_unknown_option_of_twin_shows_its_usage_from_the_shell(tmp_path):
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    proc = subprocess.run([sys.executable, "-m", "d3p", "twin", inp, str(tmp_path / "o.csv"), "--epsilon", "1",
+                           "--bogus"], capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: python -m d3p twin [-h] --epsilon EPSILON")
+    assert "python -m d3p twin: error: unrecognized arguments: --bogus" in proc.stderr and proc.stdout == ""
+
+
 def test_family_auto_is_described_by_the_rule_the_code_uses():
     import argparse
 
