@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from d3p import _validate
+from d3p.twin.cells import bin_edges
 from d3p.twin.schema import INTEGER_CODE_DISTRIBUTIONS, NUMERIC_MAX_LEVELS, Schema, check_frame
 
 __all__ = [
@@ -84,7 +85,7 @@ def _cells(real: pd.Series, syn: pd.Series, spec, bins: int):
     if integer and hi - lo + 1 <= bins:
         edges = np.arange(lo - 0.5, hi + 1.0, 1.0)
     else:
-        edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+        edges = bin_edges(lo, hi if hi > lo else lo + 1.0, bins)
     nb = len(edges) - 1
 
     def lab(x):

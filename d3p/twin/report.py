@@ -27,6 +27,7 @@ import pandas as pd
 
 from d3p.twin import metrics as _metrics
 from d3p.twin._io import atomic_directory
+from d3p.twin.cells import bin_edges
 from d3p.twin.schema import Schema
 
 __all__ = ["write_report", "write_report_files", "headline_lines", "REPORT_NOTE"]
@@ -85,7 +86,7 @@ def _plot_marginal(path, real: pd.Series, syn: pd.Series, spec, bins: int, tv: f
         else:
             both = np.concatenate([r, s]) if r.size + s.size else np.zeros(1)
             lo, hi = float(both.min()), float(both.max())
-        edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+        edges = bin_edges(lo, hi if hi > lo else lo + 1.0, bins)
         ax.hist(np.clip(r, lo, hi), bins=edges, density=True, alpha=0.5, label="real", color="C0")
         ax.hist(np.clip(s, lo, hi), bins=edges, density=True, alpha=0.5, label="synthetic", color="C1")
         ax.set_ylabel("density")
