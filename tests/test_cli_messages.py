@@ -298,3 +298,9 @@ def test_every_count_of_one_is_singular(tmp_path, capsys):
     one = Schema((ColumnSpec("w", "real", "float64", False, lower=0.0, upper=100.0, distribution="normal"),))
     warning = noise_warning(one, 1, 0.1, 0.5)
     assert "N = 1 record at" in warning and singular_errors(warning) == []
+    from d3p.twin.schema import SchemaInferenceWarning, infer_schema   # the library's warning too
+
+    with pytest.warns(SchemaInferenceWarning) as caught:
+        infer_schema(frame)
+    text = " ".join(str(w.message) for w in caught)
+    assert "'c' (1 level)" in text and singular_errors(text) == []
