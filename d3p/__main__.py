@@ -285,8 +285,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_in(argv))
     args, unknown = parser.parse_known_args(argv)
-    if unknown:   # shown with the usage of the command they were given to
-        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:   # shown with the usage of the command they were given to: before it, python -m d3p
+        command = _command_in(argv)
+        before = argv[:argv.index(command)] if command in argv else argv
+        given_to = parser if any(u in before for u in unknown) else getattr(args, "command_parser", parser)
+        given_to.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.func(args, getattr(args, "command_parser", parser))
 
 

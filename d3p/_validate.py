@@ -42,6 +42,7 @@ __all__ = [
     "mesh",
     "mesh_axes",
     "cli",
+    "plural",
 ]
 
 
@@ -455,6 +456,12 @@ def option_choice(option: str, choices: Mapping[str, T]) -> Callable[[str], T]:
 
     parse.__name__ = option.lstrip("-").replace("-", "_")
     return parse
+
+
+def plural(count: int, word: str) -> str:
+    """``count`` and ``word``, in the plural unless ``count`` is 1 (``1 column``,
+    ``2 columns``, ``0 columns``): the one rule of every printed count."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def in_option_terms(message: str, options: Mapping[str, str],

@@ -444,8 +444,7 @@ class PrivacyLedger:
         """A table of the releases and the total ε at ``delta`` (default: the
         budget's δ), for printing."""
         delta = self.budget_delta if delta is None else delta
-        count = f"{len(self)} release" + ("" if len(self) == 1 else "s")
-        lines = [f"privacy ledger ({count}, relation {self._relation or 'not set'}):"]
+        lines = [f"privacy ledger ({_validate.plural(len(self), 'release')}, relation {self._relation or 'not set'}):"]
         for i, r in enumerate(self._releases, 1):
             if isinstance(r, GaussianSteps):
                 detail = (f"sigma={r.sigma:.4g} q={r.q:.4g} steps {r.first_step}..{r.first_step + r.num_steps - 1} "

@@ -153,12 +153,14 @@ def test_marginal_twin_refuses_mixture_options_before_reading(tmp_path, capsys):
 def test_library_errors_are_reported_in_option_terms():
     from d3p import _validate
 
-    message = ("q=0.6 is too large for Poisson sampling of N=100 records (added to delta=1e-05). Use a "
-               "smaller q or sampling='fixed'. Expected num_steps to be an integer >= 1, got num_steps=0.")
+    message = ("Expected q to be small enough for Poisson sampling of N=100 records, got q=0.6: ... (added to "
+               "delta=1e-05). Use q=0.5 or less, or sampling='fixed'. Expected num_steps to be an integer >= 1, "
+               "got num_steps=0.")
     from d3p.twin.cli import _OPTIONS, _VALUES
     assert _validate.in_option_terms(message, _OPTIONS, _VALUES) == (
-        "--q 0.6 is too large for Poisson sampling of N=100 records (added to --delta 1e-05). Use a "
-        "smaller q or --sampling fixed. Expected --steps to be an integer >= 1, got --steps 0.")
+        "Expected --q to be small enough for Poisson sampling of N=100 records, got --q 0.6: ... (added to "
+        "--delta 1e-05). Use --q 0.5 or less, or --sampling fixed. Expected --steps to be an integer >= 1, "
+        "got --steps 0.")
 
 
 def test_inferred_fields_one_short_line_per_column():
@@ -263,3 +265,42 @@ def test_one_release_is_one_release_not_one_releases():
     summary = ledger.summary()
     assert tw.privacy["num_releases"] == 1 and "1 releases" not in summary
     assert "(1 release," in summary and "marginal twin: 1 release:" in summary
+
+
+#: A count of one followed by a word in the plural (up to two words before it: "1 noisy marginal tables").
+ONE_PLURAL = r"(?<![\d.])1 ((?:[a-z-]+ ){0,2}[a-z-]+s)\b"
+
+
+def singular_errors(text):
+    import re
+
+    return [m for m in re.findall(ONE_PLURAL, text) if m.split()[-1] not in ("is", "was", "has", "as", "this")]
+
+
+def test_every_count_of_one_is_singular(tmp_path, capsys):
+    """Everything ``twin`` and ``twin-schema`` print with a count of one: one
+    release, table, column, level, decimal, synthetic record, and the noise
+    warning of a one-record table."""
+    from d3p.twin.marginal import noise_warning
+    from d3p.twin.schema import ColumnSpec, Schema
+
+    assert singular_errors("1 releases, 1 noisy marginal tables, 1 level") == ["releases", "noisy marginal tables"]
+    frame = pd.DataFrame({"w": np.random.default_rng(0).normal(50, 5, 40).round(1), "c": ["a"] * 40})
+    inp, out_csv = write(tmp_path / "in.csv", frame), tmp_path / "out.csv"
+    assert main(["twin", inp, str(out_csv), "--epsilon", "1", "--family", "marginal", "--seed", "0",
+                 "--no-progress", "--num-synthetic", "1", "--no-utility"]) == 0
+    out, err = capsys.readouterr()
+    assert "c  categorical, 1 level " in out and "synthetic 1 record " in out, out
+    assert singular_errors(out + err) == []
+    assert main(["twin-schema", inp, str(tmp_path / "schema.json")]) == 0
+    out, err = capsys.readouterr()
+    assert "1 level" in out and "1 decimal" in out and singular_errors(out + err) == []
+    one = Schema((ColumnSpec("w", "real", "float64", False, lower=0.0, upper=100.0, distribution="normal"),))
+    warning = noise_warning(one, 1, 0.1, 0.5)
+    assert "N = 1 record at" in warning and singular_errors(warning) == []
+    from d3p.twin.schema import SchemaInferenceWarning, infer_schema   # the library's warning too
+
+    with pytest.warns(SchemaInferenceWarning) as caught:
+        infer_schema(frame)
+    text = " ".join(str(w.message) for w in caught)
+    assert "'c' (1 level)" in text and singular_errors(text) == []

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from d3p.twin.cli import EXIT_BAD_INPUT, add_twin_subparser, main
+from d3p.twin.cli import _MIXTURE_OPTIONS, EXIT_BAD_INPUT, add_twin_subparser, main
 
 
 def sha256(path):
@@ -311,6 +311,158 @@ def test_a_target_the_report_cannot_predict_is_refused_before_the_fit(tmp_path, 
     assert "Traceback" not in err and not out_csv.exists()
 
 
+def _schema_file(tmp_path, frame, **changes):
+    """The schema inferred from ``frame``, with ``changes`` ({column: {field: value}}), as a file."""
+    import warnings
+
+    from d3p.twin.schema import infer_schema
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        schema = infer_schema(frame).to_dict()
+    for column in schema["columns"]:
+        column.update(changes.get(column["name"], {}))
+        column["inferred"] = []
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    return str(path)
+
+
+def test_the_target_kind_is_the_schema_s_checked_before_the_fit(tmp_path, capsys, no_fit):
+    """A column the schema of the fit declares real is refused as a target
+    before the fit, though its values (five distinct ones) would do as classes."""
+    frame = good_frame().assign(score=np.tile([0.5, 1.5, 2.5, 3.5, 4.5], 24))
+    inp = write_csv(tmp_path / "in.csv", frame)
+    schema = _schema_file(tmp_path, frame, score={"kind": "real", "lower": 0.0, "upper": 5.0,
+                                                  "distribution": "normal", "decimals": 1, "levels": None,
+                                                  "dtype": "float64"})
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--target", "score", "--schema", schema],
+                              capsys)
+    assert code == EXIT_BAD_INPUT and "--target 'score': Expected a categorical target" in err
+    assert "(a real column in the schema)" in err and "Traceback" not in err
+
+
+def test_a_categorical_target_of_the_schema_is_predicted_whatever_its_values():
+    """With a schema, a categorical target of 30 numeric levels is a target
+    (without one, its values make it continuous): the check before the fit
+    and the report's accuracy after it agree."""
+    from d3p.twin.metrics import check_classification_target, train_on_synthetic_accuracy
+    from d3p.twin.schema import ColumnSpec, Schema
+
+    rng = np.random.default_rng(0)
+    levels = tuple(float(v) + 0.5 for v in range(30))
+    frame = pd.DataFrame({"x": rng.normal(size=300), "y": rng.choice(levels, 300)})
+    schema = Schema((ColumnSpec("x", "real", "float64", False, lower=-5.0, upper=5.0, distribution="normal"),
+                     ColumnSpec("y", "categorical", "float64", False, levels=levels)))
+    with pytest.raises(ValueError, match="is continuous"):
+        check_classification_target(frame, "y")
+    check_classification_target(frame, "y", schema=schema)
+    result = train_on_synthetic_accuracy(frame, frame, "y", schema=schema)
+    assert result["num_test"] == 300
+
+
+def _exhausted_ledger(tmp_path):
+    from d3p.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger(budget_epsilon=1.0, budget_delta=1e-4)
+    ledger.record_epsilon_delta("an earlier release", 0.9, 1e-5, relation="add_remove")
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps(ledger.to_dict()))
+    return path
+
+
+@pytest.fixture
+def no_read(monkeypatch):
+    """Make reading the data an error: the checks under test need no data."""
+    import d3p.twin.cli as cli
+
+    monkeypatch.setattr(cli, "_read_csv", lambda *a, **k: (_ for _ in ()).throw(AssertionError("read")))
+
+
+def _no_data_cases(tmp_path):
+    """(name, extra arguments, output path, words of the error): checks that need neither the data nor a fit."""
+    d = tmp_path
+    (d / "dir.json").mkdir()
+    (d / "locked").mkdir()
+    return [
+        ("report folder's directory missing", ["--report-dir", d / "no" / "rep"], d / "o.csv", "--report-dir"),
+        ("saved twin's directory missing", ["--save-model", d / "no" / "m"], d / "o.csv", "--save-model"),
+        ("saved twin's directory not writable", ["--save-model", d / "locked" / "m"], d / "o.csv",
+         "is not writable"),
+        ("ledger's directory missing", ["--ledger", d / "no" / "l.json"], d / "o.csv", "for --ledger does not exist"),
+        ("ledger is the output", ["--ledger", d / "o.csv"], d / "o.csv", "--ledger and output are the same path"),
+        ("ledger is a directory", ["--ledger", d / "dir.json"], d / "o.csv", "--ledger"),
+        ("budget without a ledger", ["--budget-epsilon", "1", "--budget-delta", "1e-5"], d / "o.csv",
+         "need --ledger"),
+        ("budget for an existing ledger", ["--ledger", _exhausted_ledger(d), "--budget-epsilon", "5",
+                                           "--budget-delta", "1e-5"], d / "o.csv", "exists and keeps its own"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_checks_that_need_no_data_come_before_reading_it(tmp_path, capsys, monkeypatch, no_read, no_fit, case):
+    import d3p.twin.cli as cli
+
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    name, extra, out_csv, words = _no_data_cases(tmp_path)[case]
+    locked, real_access = str(tmp_path / "locked"), os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if str(p) == locked else real_access(p, mode))
+    code, out, err = run_main([inp, out_csv, "--epsilon", "1", *extra], capsys)
+    assert code == EXIT_BAD_INPUT and err.startswith("d3p twin: error:") and words in err, (name, err)
+    assert "Traceback" not in err and not os.path.exists(out_csv), name
+
+
+def test_a_report_without_matplotlib_is_refused_before_reading(tmp_path, capsys, monkeypatch, no_read, no_fit):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # its import fails
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--report-dir", tmp_path / "r"], capsys)
+    assert code == EXIT_BAD_INPUT and "--report-dir" in err and "pip install matplotlib" in err
+
+
+@pytest.mark.parametrize("argv, words", [(["--epsilon", "0"], "--epsilon"), (["--epsilon", "1", "--delta", "1"],
+                                                                           "--delta")])
+def test_epsilon_and_delta_are_checked_before_reading(tmp_path, capsys, no_read, no_fit, argv, words):
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    with pytest.raises(SystemExit) as e:
+        main([inp, str(tmp_path / "o.csv"), *argv])
+    assert e.value.code == EXIT_BAD_INPUT and words in capsys.readouterr().err
+
+
+def test_a_schema_that_does_not_fit_the_columns_is_refused_before_the_fit(tmp_path, capsys, no_fit):
+    frame = good_frame()
+    inp = write_csv(tmp_path / "in.csv", frame)
+    schema = _schema_file(tmp_path, frame.assign(extra=1.0))
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--schema", schema], capsys)
+    assert code == EXIT_BAD_INPUT and "['extra']" in err and "not in the data" in err
+
+
+def test_a_twin_past_the_ledger_budget_is_refused_before_its_rounds(tmp_path, capsys, monkeypatch):
+    import d3p.twin.inference as inference
+
+    monkeypatch.setattr(inference, "fit_marginals", lambda *a, **k: (_ for _ in ()).throw(AssertionError("fit")))
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    ledger = _exhausted_ledger(tmp_path)
+    saved = ledger.read_text()
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--delta", "1e-5", "--family", "marginal",
+                               "--ledger", ledger, "--no-progress"], capsys)
+    assert code == EXIT_BAD_INPUT and "to fit the ledger's budget of epsilon 1" in err
+    assert ledger.read_text() == saved and not (tmp_path / "o.csv").exists()
+
+
+@pytest.mark.slow
+def test_a_mixture_past_the_ledger_budget_is_refused_before_its_steps(tmp_path, capsys, monkeypatch):
+    import d3p._run
+
+    monkeypatch.setattr(d3p._run, "_run_in_chunks", lambda *a, **k: (_ for _ in ()).throw(AssertionError("steps")))
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    ledger = _exhausted_ledger(tmp_path)
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--delta", "1e-5", "--family", "mixture",
+                               "--steps", "5", "--ledger", ledger, "--no-progress", "--seed", "1"], capsys)
+    assert code == EXIT_BAD_INPUT and "to fit the ledger's budget of epsilon 1" in err
+
+
 def test_a_target_is_not_checked_when_nothing_predicts_it(tmp_path, capsys, monkeypatch):
     import d3p.twin.cli as cli
 
@@ -346,6 +498,31 @@ def test_errors_name_the_options_not_the_arguments(tmp_path, capsys):
     assert code == EXIT_BAD_INPUT and "--max-levels 2" in err and "max_levels" not in err
 
 
+def test_errors_of_the_fit_and_the_ledger_name_the_options(tmp_path, capsys, monkeypatch):
+    """A q too large for Poisson batches and a ledger of another relation: in
+    the options' terms (--q, --delta, --sampling), before anything is fitted."""
+    import d3p.twin.inference as inference
+    from d3p.ledger import PrivacyLedger
+
+    refuse = lambda *a, **k: (_ for _ in ()).throw(AssertionError("fit"))  # noqa: E731
+    monkeypatch.setattr(inference, "_fit_mixture", refuse)
+    monkeypatch.setattr(inference, "fit_marginals", refuse)
+    inp = write_csv(tmp_path / "in.csv", good_frame(n=40))
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--family", "mixture", "--q", "0.9",
+                               "--no-progress"], capsys)
+    assert code == EXIT_BAD_INPUT and "Expected --q to be small enough for Poisson sampling" in err
+    assert "got --q 0.9" in err and "(added to --delta " in err and "Use --q 0.5 or less, or --sampling fixed" in err
+    first = err
+    ledger = PrivacyLedger()
+    ledger.record_zcdp("an earlier twin", 0.01, relation="add_remove")
+    (tmp_path / "ledger.json").write_text(json.dumps(ledger.to_dict()))
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--family", "marginal", "--sampling",
+                               "fixed", "--ledger", tmp_path / "ledger.json", "--no-progress"], capsys)
+    assert code == EXIT_BAD_INPUT and "ledger under --sampling poisson" in err and "with --sampling fixed" in err
+    for name in ("q=", "delta=", "sampling=", "relation=", "add_remove", "substitute"):
+        assert name not in first + err, name
+
+
 @pytest.mark.parametrize("command", [["twin", "in.csv", "out.csv", "--epsilon", "1"],
                                      ["sigma", "--epsilon", "1", "--delta", "1e-5", "--q", "0.01", "--steps", "10"]])
 def test_an_unknown_option_shows_the_usage_of_its_command(capsys, command):
@@ -356,6 +533,30 @@ def test_an_unknown_option_shows_the_usage_of_its_command(capsys, command):
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"usage: python -m d3p {command[0]}" in err
     assert f"python -m d3p {command[0]}: error: unrecognized arguments: --bogus" in err
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["twin", "--bogus", "in.csv", "out.csv", "--epsilon", "1"], "python -m d3p twin"),   # before its arguments
+    (["twin", "in.csv", "out.csv", "--epsilon", "1", "--bogus=3"], "python -m d3p twin"),
+    (["twin", "in.csv", "out.csv", "extra", "--epsilon", "1"], "python -m d3p twin"),
+    (["twin-schema", "in.csv", "s.json", "--bogus"], "python -m d3p twin-schema"),
+    (["--bogus", "twin", "in.csv", "out.csv", "--epsilon", "1"], "python -m d3p"),   # given to python -m d3p
+])
+def test_an_unknown_argument_shows_the_usage_of_what_it_was_given_to(capsys, argv, usage):
+    import d3p.__main__ as top
+
+    with pytest.raises(SystemExit) as e:
+        top.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"usage: {usage} [") and f"{usage}: error: unrecognized" in err
+
+
+def test_an_unknown_option_of_twin_shows_its_usage_from_the_shell(tmp_path):
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    proc = subprocess.run([sys.executable, "-m", "d3p", "twin", inp, str(tmp_path / "o.csv"), "--epsilon", "1",
+                           "--bogus"], capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: python -m d3p twin [-h] --epsilon EPSILON")
+    assert "python -m d3p twin: error: unrecognized arguments: --bogus" in proc.stderr and proc.stdout == ""
 
 
 def test_family_auto_is_described_by_the_rule_the_code_uses():
@@ -369,3 +570,46 @@ def test_family_auto_is_described_by_the_rule_the_code_uses():
     text = " ".join(family.help.split())
     assert f"at most {MARGINAL_MAX_NOISE_TV:g} in total-variation distance" in text
     assert f"fewer than {MIXTURE_MIN_RECORDS} records" in text and "categorical or boolean" not in text
+    assert "from public settings only" in text and "epsilon inf" in text
+    assert "epsilon, delta, the schema's cells and N" in text   # what choose_family reads
+    options = text[text.index("the mixture otherwise"):]
+    assert all(flag in options for _, flag in _MIXTURE_OPTIONS), options   # each selects the mixture
+    # the same rule, in the same numbers, in the documentation
+    import pathlib
+
+    doc = " ".join((pathlib.Path(__file__).parent.parent / "docs" / "twin.md").read_text().split())
+    rule = doc[doc.index("`fit(..., family=\"auto\")`"):doc.index("means the mixture.")]
+    assert f"at most {MARGINAL_MAX_NOISE_TV:g} in total-variation distance" in rule
+    assert f"fewer than {MIXTURE_MIN_RECORDS} records" in rule and "ε = ∞" in rule
+    assert all(f"`{flag}`" in rule for _, flag in _MIXTURE_OPTIONS), rule
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_the_summary_says_once_how_sigma_follows_from_epsilon(private):
+    """The mixture's summary: sigma's line says it was calibrated for the
+    epsilon of the line above (with q and the steps), every figure once."""
+    import argparse
+    import types
+
+    from d3p.twin.cli import _summary
+
+    privacy = {"private": private, "epsilon": 0.9876 if private else float("inf"), "target_epsilon": 1.0,
+               "delta": 1.5e-5, "relation": "add_remove", "sampling": "poisson",
+               "sigma": 1.2345 if private else 0.0, "clipping_threshold": 2.0, "q": 0.125, "num_steps": 321,
+               "not_covered": {}}
+    twin = types.SimpleNamespace(privacy=privacy, model_spec={"type": "mixture", "num_components": 3},
+                                 schema=["a", "b"], fit_info={"seconds": 1.0, "adaptive_clipping": None})
+    args = argparse.Namespace(schema=None, output="out.csv", report_dir=None, save_model=None)
+    lines = _summary(args, twin, num_records=100, num_synthetic=100, seed_text="7", num_report_files=0,
+                     seconds=2.0)
+    text = "\n".join(lines)
+    (noise,) = [line for line in lines if "sigma" in line]
+    assert lines.index(noise) == 3 and lines[2].startswith("  privacy   ")   # right under epsilon's line
+    if private:
+        assert "sigma = 1.234, calibrated so that q = 0.125 and steps = 321 give the epsilon above;" in noise
+        figures = ("epsilon = 0.9876", "target 1)", "delta = 1.5e-05", "sigma = 1.234", "C = 2", "q = 0.125",
+                   "steps = 321", "seed: 7")
+        assert all(text.count(f) == 1 for f in figures), text
+        assert text.count("epsilon") == 2 and "calibrated" not in lines[2]   # the figure, and the reference to it
+    else:
+        assert "sigma = 0, no noise, with q = 0.125 and steps = 321;" in noise and "calibrated" not in text

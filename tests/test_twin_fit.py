@@ -300,7 +300,7 @@ def test_epsilon_inf_is_sigma_zero_same_clipping(stub_run):
     ({"num_steps": 0}, "num_steps"),
     ({"sampling": "replacement"}, "sampling"),
     ({"clipping_threshold": -1.0}, "clipping_threshold"),
-    ({"q": 1.0, "sampling": "poisson"}, "too large for Poisson"),
+    ({"q": 1.0, "sampling": "poisson"}, "small enough for Poisson"),
 ])
 def test_fit_argument_errors(kwargs, match):
     args = {"epsilon": 1.0, "rng_key": 0, "schema": explicit_schema(), "num_steps": 5, "progress_bar": False}

@@ -397,7 +397,7 @@ def inference_message(schema: Schema, fields: Optional[Mapping[str, Sequence[str
             hi = f"{c.upper:g}" if "upper" in read else "given"
             groups["bounds"].append(f"{name!r} [{lo}, {hi}]")
         if "levels" in read:
-            groups["levels"].append(f"{name!r} ({c.num_levels} levels)")
+            groups["levels"].append(f"{name!r} ({_validate.plural(c.num_levels, 'level')})")
         if "nullable" in read:
             groups["nullable"].append(f"{name!r}" + (" (has missing values)" if c.nullable else ""))
         if "distribution" in read:

@@ -484,7 +484,7 @@ class Schema:
         for c in self.columns:
             s = f"{c.name}: {c.kind}"
             if c.kind == "categorical":
-                s += f", {c.num_levels} levels"
+                s += f", {_validate.plural(c.num_levels, 'level')}"
                 if c.other is not None:
                     s += f" (other: {c.other!r})"
             elif c.kind in ("real", "count"):
@@ -493,7 +493,7 @@ class Schema:
                 s += (", bounds read from the data" if read else f" in [{c.lower:g}, {c.upper:g}]")
                 s += f", {c.distribution}"
                 if c.decimals is not None:
-                    s += f", {c.decimals} decimals"
+                    s += f", {_validate.plural(c.decimals, 'decimal')}"
             if c.nullable:
                 s += ", nullable"
             if c.inferred:
@@ -520,12 +520,12 @@ class Schema:
             label = name if len(name) <= name_width else name[:name_width - 1] + "…"
             detail = c.kind or "?"
             if c.kind == "categorical":
-                detail += f", {c.num_levels} level{'s' if c.num_levels != 1 else ''}"
+                detail += f", {_validate.plural(c.num_levels, 'level')}"
             read = ["bounds" if f in ("lower", "upper") else f for f in read]
             rows.append((label, detail, ", ".join(dict.fromkeys(read))))
         widths = [max((len(r[i]) for r in rows), default=0) for i in range(2)]
         lines = [f"{label:<{widths[0]}}  {detail:<{widths[1]}}  read: {read}" for label, detail, read in rows]
         if len(shown) > max_columns:
             left = len(shown) - max_columns
-            lines.append(f"... and {left} more column{'s' if left != 1 else ''}")
+            lines.append(f"... and {_validate.plural(left, 'more column')}")
         return lines

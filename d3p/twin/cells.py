@@ -14,11 +14,19 @@ boolean                    False, True
 count with a range of at   one per integer value ``lower, ..., upper``
 most ``max_integer_cells``
 other counts, reals        ``bins`` equal-width bins over ``[lower, upper]``
-                           (values outside the bounds were clipped by the
-                           encoding); with ``distribution="hurdle"`` one more
-                           cell, first, for the value ``lower`` exactly
+                           (:func:`bin_edges`; each holds its lower edge, the
+                           last also ``upper``; values outside the bounds were
+                           clipped by the encoding); with
+                           ``distribution="hurdle"`` one more cell, first,
+                           for the value ``lower`` exactly
 nullable columns           one more cell, last, for a missing value
 =========================  ====================================================
+
+A value exactly on an edge is in the bin above it, as the encoding left it:
+a real value's bin is found by comparing its code with the codes of the
+edges (the encoding maps a value equal to an edge to exactly the edge's
+code, where decoding the code back to a value and comparing that could
+fall just below the edge), a count's by its value, an integer.
 
 Decoding a bin draws a value uniformly from it (counts: an integer uniformly
 among those in the bin), so synthetic values stay within the column's bounds
@@ -28,6 +36,7 @@ and a count stays an integer.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import List, NamedTuple, Tuple
 
 import numpy as np
@@ -35,12 +44,31 @@ import numpy as np
 from d3p import _validate
 from d3p.twin.schema import ColumnSpec, Schema, check_type
 
-__all__ = ["CellSpace", "ColumnCells", "DEFAULT_BINS", "DEFAULT_MAX_INTEGER_CELLS"]
+__all__ = ["CellSpace", "ColumnCells", "DEFAULT_BINS", "DEFAULT_MAX_INTEGER_CELLS", "bin_edges"]
 
 #: Default number of equal-width bins of a real column (and of a count with a wide range).
 DEFAULT_BINS = 20
 #: Counts with at most this many possible values get one cell per value.
 DEFAULT_MAX_INTEGER_CELLS = 32
+
+
+def bin_edges(lower: float, upper: float, bins: int) -> np.ndarray:
+    """The ``bins + 1`` edges of ``bins`` equal-width bins of ``[lower, upper]``:
+    edge ``b`` is ``lower + (upper - lower) b / bins`` computed exactly from
+    the bounds as written (the shortest decimals of their floats, as a JSON
+    schema holds them) and rounded once to the nearest float. An edge that
+    is a decimal is then that decimal's float, the value a user types: 0.15
+    of ``[0, 1]`` and 0.12 of ``[0.1, 0.3]`` in 20 bins (steps in floating
+    point give 0.15000000000000002 and 0.12000000000000001). The first edge
+    is ``lower`` and the last ``upper``. Bin ``b`` holds the values
+    ``edges[b] <= x < edges[b + 1]``, the last bin also ``upper``.
+
+    :param float lower: the lowest value.
+    :param float upper: the highest value (> ``lower``).
+    :param int bins: the number of bins.
+    """
+    lo, hi = Fraction(repr(float(lower))), Fraction(repr(float(upper)))
+    return np.array([float(lo + (hi - lo) * b / bins) for b in range(bins + 1)])
 
 
 class ColumnCells(NamedTuple):
@@ -130,13 +158,17 @@ class CellSpace:
 
     def cells(self, codes: np.ndarray) -> np.ndarray:
         """Cells ``int32 (N, D)`` of a code matrix from :meth:`Schema.encode` (a per-record map)."""
-        codes = np.asarray(codes, np.float64)
+        codes = np.asarray(codes)
+        # a real value's bin is read from its code at the codes' own precision (see _bin_of)
+        precision = np.float32 if codes.dtype == np.float32 else np.float64
+        codes = codes.astype(np.float64)
         out = np.empty(codes.shape, np.int32)
         for j, (spec, cells) in enumerate(zip(self.schema.columns, self.columns)):
-            out[:, j] = self._column_to_cells(spec, cells, codes[:, j])
+            out[:, j] = self._column_to_cells(spec, cells, codes[:, j], precision)
         return out
 
-    def _column_to_cells(self, spec: ColumnSpec, cells: ColumnCells, codes: np.ndarray) -> np.ndarray:
+    def _column_to_cells(self, spec: ColumnSpec, cells: ColumnCells, codes: np.ndarray,
+                         precision=np.float64) -> np.ndarray:
         missing = np.isnan(codes)
         if cells.kind == "levels":
             if spec.kind == "count":
@@ -145,21 +177,31 @@ class CellSpace:
                 idx = np.round(codes)
             idx = np.clip(np.where(missing, 0, idx), 0, cells.num_values - 1)
         else:
-            x = np.where(missing, spec.lower, _values(spec, codes))
-            idx = self._bin_of(spec, cells, x)
+            idx = self._bin_of(spec, cells, codes, precision)
         if cells.missing:
             idx = np.where(missing, cells.size - 1, idx)
         return idx.astype(np.int32)
 
     def _edges(self, spec: ColumnSpec, cells: ColumnCells) -> np.ndarray:
-        return np.linspace(spec.lower, spec.upper, cells.num_values + 1)
+        return bin_edges(spec.lower, spec.upper, cells.num_values)
 
-    def _bin_of(self, spec: ColumnSpec, cells: ColumnCells, x: np.ndarray) -> np.ndarray:
-        """Bin index (after the hurdle cell, if any) of values in ``[lower, upper]``."""
+    def _bin_of(self, spec: ColumnSpec, cells: ColumnCells, codes: np.ndarray,
+                precision=np.float64) -> np.ndarray:
+        """Bin index (after the hurdle cell, if any) of the codes of values in
+        ``[lower, upper]`` (a missing value: any index): the bin that holds the
+        value, a value on an edge in the bin above it. ``precision``: the
+        codes' dtype as encoded, at which a real value's code is compared with
+        the edges' codes (a value equal to an edge has exactly the edge's code;
+        one within the codes' precision below it, the same code)."""
         edges = self._edges(spec, cells)
-        idx = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, cells.num_values - 1)
+        if spec.kind == "count":   # the value: an integer, exact after rounding
+            x, points = _values(spec, codes), edges
+        else:
+            x, points = codes.astype(precision), _codes(spec, edges).astype(precision)
+        x = np.where(np.isnan(x), points[0], x)
+        idx = np.clip(np.searchsorted(points, x, side="right") - 1, 0, cells.num_values - 1)
         if cells.hurdle:
-            idx = np.where(x == spec.lower, 0, idx + 1)
+            idx = np.where(x <= points[0], 0, idx + 1)
         return idx
 
     # ------------------------------------------------------------------ cells -> codes

@@ -1,9 +1,10 @@
 """Command line: ``python -m d3p twin INPUT.csv OUTPUT.csv --epsilon 1 ...``.
 
-Reads a CSV table, fits a twin with DP-VI at the target (ε, δ), writes a
-synthetic CSV and, optionally, a report folder and the saved twin. Prints a
-progress bar and a summary (ε, δ, σ, steps, time, what was read from the
-data without privacy, where the files went), then the headline utility
+Reads a CSV table, fits a twin at the target (ε, δ) (the marginal twin or a
+mixture fitted with DP-VI, ``--family``), writes a synthetic CSV and,
+optionally, a report folder and the saved twin. Prints a progress bar and a
+summary (ε, δ, the noise, time, what was read from the data without
+privacy, where the files went), then the headline utility
 figures of the report, which are computed on the real data and NOT private
 (``--no-utility`` omits them). Errors and warnings are worded in terms of
 the options and their values.
@@ -38,6 +39,7 @@ import warnings
 from typing import List, Optional
 
 from d3p import _validate
+from d3p._validate import plural
 
 __all__ = ["add_twin_subparser", "register_twin", "add_twin_arguments", "main_twin", "main", "EXIT_BAD_INPUT",
            "add_twin_schema_subparser", "add_twin_schema_arguments", "main_twin_schema"]
@@ -46,8 +48,8 @@ __all__ = ["add_twin_subparser", "register_twin", "add_twin_arguments", "main_tw
 EXIT_BAD_INPUT = 2
 
 _DESCRIPTION = (
-    "Fit a differentially private synthetic twin of a CSV table with DP-VI and write synthetic "
-    "records. The synthetic data carry the (epsilon, delta) guarantee for the records of INPUT, "
+    "Fit a differentially private synthetic twin of a CSV table (noisy marginal tables and a graphical "
+    "model, or a mixture fitted with DP-VI: see --family) and write synthetic records. The synthetic data carry the (epsilon, delta) guarantee for the records of INPUT, "
     "except for schema information read from the data (levels, bounds, missingness), which is "
     "listed in the summary: pass --schema to supply it from public knowledge instead. The report "
     "(--report-dir) shows statistics of the REAL data and is not private."
@@ -64,12 +66,14 @@ _POSITIVE_FLOAT = _validate.cli_option(_validate.positive)
 _OPEN_UNIT = _validate.cli_option(_validate.open_unit)
 _INTEGER = _validate.cli_option(_validate.integer, integral=True)
 
-#: :func:`d3p.twin.fit`'s argument names, as options of ``twin`` (for its messages).
+#: :func:`d3p.twin.fit`'s argument names, as options of ``twin`` (for its messages),
+#: and the neighbouring relation (of a ledger's releases), which ``--sampling`` sets.
 _OPTIONS = {"epsilon": "--epsilon", "delta": "--delta", "num_components": "--components", "num_steps": "--steps",
             "q": "--q", "sampling": "--sampling", "clipping_threshold": "--clip", "learning_rate": "--learning-rate",
             "max_levels": "--max-levels", "family": "--family", "target": "--target",
-            "adaptive_clipping": "--adaptive-clipping", "count_noise": "--adaptive-clipping"}
-_VALUES = {"sampling": {"fixed_size": "fixed"}}
+            "adaptive_clipping": "--adaptive-clipping", "count_noise": "--adaptive-clipping",
+            "relation": "--sampling"}
+_VALUES = {"sampling": {"fixed_size": "fixed"}, "relation": {"add_remove": "poisson", "substitute": "fixed"}}
 #: The options that set up the mixture fitted with DP-VI (they select it with --family auto).
 _MIXTURE_OPTIONS = (("components", "--components"), ("steps", "--steps"), ("q", "--q"), ("clip", "--clip"),
                     ("learning_rate", "--learning-rate"), ("adaptive_clipping", "--adaptive-clipping"))
@@ -192,11 +196,6 @@ def _err(msg: str, command: str = "twin") -> int:
     return EXIT_BAD_INPUT
 
 
-def _plural(count: int, word: str) -> str:
-    """``1 column``, ``2 columns``."""
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
 def _check_options(args) -> None:
     """Combinations of options that cannot work, refused before the data are read."""
     given = [(flag, getattr(args, name)) for name, flag in _MIXTURE_OPTIONS if getattr(args, name) is not None]
@@ -207,6 +206,11 @@ def _check_options(args) -> None:
 
 
 def _check_paths(args) -> None:
+    """The input exists and every file written can be: the folders of the
+    output, ``--report-dir``, ``--save-model`` and ``--ledger`` exist and are
+    writable, no two are the same path nor the input, and an existing output
+    is replaced only with ``--overwrite`` (the ledger, read and updated, may
+    exist). Before the data are read."""
     inp = os.path.abspath(args.input)
     if not os.path.exists(args.input):
         raise _BadInput(f"input file {args.input!r} not found")
@@ -214,10 +218,11 @@ def _check_paths(args) -> None:
         raise _BadInput(f"input {args.input!r} is a directory, expected a CSV file")
     if os.path.getsize(args.input) == 0:
         raise _BadInput(f"input file {args.input!r} is empty")
-    outs = [("output", args.output, False), ("--report-dir", args.report_dir, True),
-            ("--save-model", args.save_model, True)]
+    # (option, path, a directory, replaced only with --overwrite)
+    outs = [("output", args.output, False, True), ("--report-dir", args.report_dir, True, True),
+            ("--save-model", args.save_model, True, True), ("--ledger", args.ledger, False, False)]
     seen = {}
-    for what, path, is_dir in outs:
+    for what, path, is_dir, replaced in outs:
         if path is None:
             continue
         ap = os.path.abspath(path)
@@ -232,7 +237,7 @@ def _check_paths(args) -> None:
         if not os.access(parent, os.W_OK | os.X_OK):
             raise _BadInput(f"the directory {parent!r} for {what} is not writable")
         if os.path.exists(path):
-            if not args.overwrite:
+            if replaced and not args.overwrite:
                 raise _BadInput(f"{what} {path!r} exists; pass --overwrite to replace it")
             if is_dir != os.path.isdir(path):
                 raise _BadInput(f"{what} {path!r} exists and is not a {'directory' if is_dir else 'file'}")
@@ -304,8 +309,11 @@ def main_twin(args: argparse.Namespace, parser: Optional[argparse.ArgumentParser
 
 def _run(args) -> int:
     t_start = time.monotonic()
+    # every check that needs neither the data nor a fit, then those that need the data
     _check_options(args)
     _check_paths(args)
+    _check_report_needs(args)
+    ledger = _ledger(args)
     from d3p.twin.schema import TwinInputError
 
     try:
@@ -313,9 +321,8 @@ def _run(args) -> int:
         # the report's real data: with --schema the records as the schema maps
         # them, i.e. as the twin sees them (the columns it describes were read as text)
         report_data = _report_data(args, data, schema)
-        _check_target(args, report_data)
+        _check_target(args, report_data, schema)
         key, seed_text = _rng_key(args)
-        ledger = _ledger(args)
         twin = _fit(args, data, schema, key, ledger)
         if ledger is not None:
             _save_ledger(args, ledger, twin)
@@ -328,8 +335,8 @@ def _run(args) -> int:
     num_report_files = _write_outputs(args, data, synthetic, twin, metrics)
     lines = _summary(args, twin, num_records=len(data), num_synthetic=num_synthetic, seed_text=seed_text,
                      num_report_files=num_report_files, seconds=time.monotonic() - t_start)
-    if ledger is not None:   # after the twin's own figures (the summary's first three lines)
-        lines[3:3] = _ledger_lines(args, ledger, twin)
+    if ledger is not None:   # after the twin's own privacy and noise (the summary's lines 2 and 3)
+        lines[4:4] = _ledger_lines(args, ledger, twin)
     if not args.no_utility:
         lines += _utility_lines(metrics)
     print("\n".join(lines))
@@ -342,17 +349,30 @@ def _report_data(args, data, schema):
     return schema.decode(schema.encode(data)) if args.schema is not None else data
 
 
-def _check_target(args, report_data) -> None:
+def _check_report_needs(args) -> None:
+    """Before the data are read: the plotting library of ``--report-dir``
+    (scikit-learn, for ``--target``, is checked with the target)."""
+    if args.report_dir is None:
+        return
+    from d3p.twin.report import require_matplotlib
+
+    try:
+        require_matplotlib()
+    except ImportError as e:
+        raise _BadInput(f"--report-dir {args.report_dir!r}: {e}") from None
+
+
+def _check_target(args, report_data, schema) -> None:
     """Before the fit: whether the report can predict ``--target`` (the
     checks of the train-on-synthetic accuracy, on ``report_data``, the real
-    records it will be tested on), where the utility figures or the report
-    are asked for."""
+    records it will be tested on, and the target's kind in ``schema``, the
+    schema of the fit), where the utility figures or the report are asked for."""
     if args.target is None or (args.no_utility and not args.report_dir):
         return
     from d3p.twin.metrics import check_classification_target
 
     try:
-        check_classification_target(report_data.rename(columns=str), args.target)
+        check_classification_target(report_data.rename(columns=str), args.target, schema=schema)
     except (ValueError, ImportError) as e:
         raise _BadInput(f"--target {args.target!r}: {e} (checked before the fit: the utility figures predict "
                         "it; --no-utility without --report-dir skips them)") from None
@@ -372,16 +392,16 @@ def _read_inputs(args, *, command: str = "twin"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SchemaInferenceWarning)  # said below, in the options' terms
         schema = infer_schema(data, given, max_levels=args.max_levels or DEFAULT_MAX_LEVELS)
-    print(f"d3p {command}: read {_plural(len(data), 'record')} x {_plural(len(schema), 'column')} from "
+    print(f"d3p {command}: read {plural(len(data), 'record')} x {plural(len(schema), 'column')} from "
           f"{args.input}", file=sys.stderr)
     where = "in the summary at the end" if command == "twin" else "below"
     before = given.inferred_fields() if given is not None else {}
     new = [c for c, fields in schema.inferred_fields().items() if set(fields) - set(before.get(c, ()))]
     if new:
-        print(f"WARNING: schema fields of {len(new)} of {_plural(len(schema), 'column')} were read from the data "
+        print(f"WARNING: schema fields of {len(new)} of {plural(len(schema), 'column')} were read from the data "
               f"WITHOUT privacy (not covered by epsilon, delta; listed {where})", file=sys.stderr)
     elif before:
-        print(f"WARNING: {args.schema} marks schema fields of {_plural(len(before), 'column')} as read from the "
+        print(f"WARNING: {args.schema} marks schema fields of {plural(len(before), 'column')} as read from the "
               f"data ('inferred'): not covered by epsilon, delta (listed {where})", file=sys.stderr)
     return data, schema
 
@@ -437,7 +457,7 @@ def _ledger_lines(args, ledger, twin) -> List[str]:
     delta = twin.privacy.get("delta") if twin.privacy.get("private") else None
     delta = delta or ledger.budget_delta
     total = f"epsilon = {ledger.epsilon(delta):.4g} at delta = {delta:.3g}" if delta else "not private"
-    lines = [f"  ledger    {args.ledger}: {_plural(len(ledger), 'release')} of this data set, this twin included: "
+    lines = [f"  ledger    {args.ledger}: {plural(len(ledger), 'release')} of this data set, this twin included: "
              f"in total {total}"]
     if ledger.budget_epsilon is not None:
         lines.append(f"            budget epsilon = {ledger.budget_epsilon:g} at delta = {ledger.budget_delta:.3g}: "
@@ -546,25 +566,27 @@ def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str
     else:
         lines.append("  privacy   NONE: epsilon = inf (no noise: a non-private fit for comparison)")
     if marginal:
-        lines.append(f"  noise     zCDP rho = {p['rho']:.4g} in {_plural(p['num_releases'], 'release')} (Gaussian "
+        lines.append(f"  noise     zCDP rho = {p['rho']:.4g} in {plural(p['num_releases'], 'release')} (Gaussian "
                      f"marginal tables, exponential-mechanism choices), seed: {seed_text}")
-        lines.append(f"  model     graphical model on {_plural(p['num_measurements'], 'noisy marginal table')}, "
-                     f"{_plural(len(twin.schema), 'column')}, {_plural(num_records, 'record')} (N treated as public)")
+        lines.append(f"  model     graphical model on {plural(p['num_measurements'], 'noisy marginal table')}, "
+                     f"{plural(len(twin.schema), 'column')}, {plural(num_records, 'record')} (N treated as public)")
     else:
         adaptive = twin.fit_info.get("adaptive_clipping")
         clip = (f"clipping threshold C = {p['clipping_threshold']:g}" if adaptive is None else
                 f"adaptive clipping to the {adaptive['target_quantile']:g} quantile, C = "
                 f"{p['clipping_threshold']:g} -> {adaptive['final_clipping_threshold']:.4g}")
-        lines.append(f"  noise     sigma = {p['sigma']:.4g}, {clip}, "
-                     f"q = {p['q']:.4g}, steps = {p['num_steps']}, seed: {seed_text}")
+        # how sigma follows from epsilon, said once (the line above gives epsilon)
+        steps = f"q = {p['q']:.4g} and steps = {p['num_steps']}"
+        how = f"calibrated so that {steps} give the epsilon above" if p["private"] else f"no noise, with {steps}"
+        lines.append(f"  noise     sigma = {p['sigma']:.4g}, {how}; {clip}, seed: {seed_text}")
         lines.append(f"  model     {twin.model_spec.get('num_components')}-component mixture, "
-                     f"{_plural(len(twin.schema), 'column')}, {_plural(num_records, 'record')} (N treated as public)")
+                     f"{plural(len(twin.schema), 'column')}, {plural(num_records, 'record')} (N treated as public)")
     lines.append(f"  time      {seconds:.1f} s (fit {twin.fit_info['seconds']:.1f} s)")
     lines += _noise_lines(args, twin, num_records)
     lines += _not_covered_lines(args, twin)
-    lines.append(f"  synthetic {_plural(num_synthetic, 'record')} -> {args.output}")
+    lines.append(f"  synthetic {plural(num_synthetic, 'record')} -> {args.output}")
     if args.report_dir:
-        lines.append(f"  report    {_plural(num_report_files, 'file')} -> {args.report_dir}  (NOT private: "
+        lines.append(f"  report    {plural(num_report_files, 'file')} -> {args.report_dir}  (NOT private: "
                      "statistics of the real data, do not publish)")
     if args.save_model:
         lines.append(f"  model     saved -> {args.save_model}")
@@ -597,7 +619,7 @@ def _not_covered_lines(args, twin) -> List[str]:
     else:
         how = ("write the schema with 'python -m d3p twin-schema', replace them by public knowledge and pass it "
                "with --schema")
-    lines = [f"  WARNING   schema fields of {_plural(len(fields), 'column')} read from the data WITHOUT privacy "
+    lines = [f"  WARNING   schema fields of {plural(len(fields), 'column')} read from the data WITHOUT privacy "
              "(not covered by epsilon, delta):"]
     lines += [f"              {line}" for line in twin.schema.inferred_lines(fields)]
     lines.append(f"            to avoid it: {how}")
@@ -671,7 +693,7 @@ def main_twin_schema(args: argparse.Namespace, parser: Optional[argparse.Argumen
     from d3p.twin.schema import TwinInputError
 
     try:
-        args.report_dir = args.save_model = args.target = None
+        args.report_dir = args.save_model = args.target = args.ledger = None
         _check_paths(args)
         data, schema = _read_inputs(args, command="twin-schema")
         tmp = _io.temporary_file_for(args.output)

@@ -572,7 +572,8 @@ def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sam
             bar.close()
     model = MarginalModel(schema, space, graph)
     if ledger is not None:
-        ledger.record(ZCDPRelease(f"marginal twin: {len(budget.ledger)} release{'' if len(budget.ledger) == 1 else 's'}", budget.spent, str(relation)))
+        ledger.record(ZCDPRelease(f"marginal twin: {_validate.plural(len(budget.ledger), 'release')}", budget.spent,
+                                  str(relation)))
     eps = budget.epsilon(delta) if math.isfinite(budget.spent) else math.inf
     privacy = {
         "epsilon": eps, "target_epsilon": epsilon, "delta": delta if math.isfinite(eps) else None,
@@ -649,9 +650,9 @@ def _privacy_plan(num_records: int, epsilon: float, delta, q, num_steps, samplin
     delta_run = delta - overflow
     if not delta_run > 0.5 * delta:
         raise ValueError(
-            f"q={q} is too large for Poisson sampling of N={N} records: the padded batch "
-            f"({sampler.max_batch_size} records) would overflow for a neighbouring data set with "
-            f"probability {overflow:.3g} (added to delta={delta:g}). Use a smaller q (<= 0.5) or "
+            f"Expected q to be small enough for Poisson sampling of N={N} records, got q={q}: the padded "
+            f"batch ({sampler.max_batch_size} records) would overflow for a neighbouring data set with "
+            f"probability {overflow:.3g} (added to delta={delta:g}). Use q=0.5 or less, or "
             "sampling='fixed'."
         )
     q_used = float(sampler.q)

@@ -580,6 +580,6 @@ def noise_warning(schema: Schema, num_records: int, epsilon: float, delta: float
     share = one_way_noise_share(CellSpace(schema).sizes, num_records, epsilon, delta, relation=relation)
     if share < NOISY_SHARE:
         return None
-    return (f"with N={num_records} records at epsilon={epsilon:g}, the noise on each one-way table adds up to "
-            f"about {share:.0%} of N: the twin will be mostly noise. More records, a larger epsilon or columns "
-            "with fewer levels or bins help.")
+    return (f"with N = {_validate.plural(num_records, 'record')} at epsilon = {epsilon:g}, the noise on each "
+            f"one-way table adds up to about {share:.0%} of N: the twin will be mostly noise. More records, a "
+            "larger epsilon or columns with fewer levels or bins help.")

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from d3p import _validate
+from d3p.twin.cells import bin_edges
 from d3p.twin.schema import INTEGER_CODE_DISTRIBUTIONS, NUMERIC_MAX_LEVELS, Schema, check_frame
 
 __all__ = [
@@ -84,7 +85,7 @@ def _cells(real: pd.Series, syn: pd.Series, spec, bins: int):
     if integer and hi - lo + 1 <= bins:
         edges = np.arange(lo - 0.5, hi + 1.0, 1.0)
     else:
-        edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+        edges = bin_edges(lo, hi if hi > lo else lo + 1.0, bins)
     nb = len(edges) - 1
 
     def lab(x):
@@ -305,6 +306,7 @@ def train_on_synthetic_accuracy(
     classifier: str = "logistic",
     cv: int = 5,
     random_state: int = 0,
+    schema: Optional[Schema] = None,
 ) -> Dict[str, float]:
     """Train on synthetic, test on real (TSTR), against train on real.
 
@@ -321,11 +323,13 @@ def train_on_synthetic_accuracy(
     :param pandas.DataFrame real_test: real records to test on.
     :param pandas.DataFrame synthetic: synthetic records to train on.
     :param str target: the column to predict (categorical, boolean, integer,
-        or numbers with at most 20 distinct values; at most 50 classes).
+        or numbers with at most 20 distinct values; with ``schema``, any but a
+        ``real`` column; at most 50 classes: :func:`check_classification_target`).
     :param pandas.DataFrame real_train: real records to train the reference on.
     :param str classifier: ``"logistic"`` (default) or ``"random_forest"``.
     :param int cv: folds for the reference without ``real_train`` (>= 2).
     :param int random_state: seed for the folds and the forest.
+    :param Schema schema: the twin's schema (optional): the target's kind.
     :return: dict with ``train_on_synthetic``, ``train_on_real``,
         ``majority`` (accuracy of always predicting the most common class of
         ``real_test``), ``num_test``.
@@ -334,9 +338,7 @@ def train_on_synthetic_accuracy(
     NOT private: reads the real data.
     """
     _require_sklearn()
-    cols = _check_frames(real_test, synthetic)
-    if target not in cols:
-        raise ValueError(f"Expected target to be one of the columns {cols}, got target={target!r}.")
+    _check_frames(real_test, synthetic)
     classifier = _validate.choice("classifier", classifier, _CLASSIFIERS)
     cv = _validate.integer("cv", cv, minimum=2)
     real_test = real_test.rename(columns=str)
@@ -344,7 +346,7 @@ def train_on_synthetic_accuracy(
     if real_train is not None:
         _check_frames(real_test, real_train)
         real_train = real_train.rename(columns=str)[list(real_test.columns)]
-    task = _Classification(real_test, target, classifier, random_state)
+    task = _Classification(real_test, target, classifier, random_state, schema)
     tstr = task.train_and_score(synthetic)
     if real_train is not None:
         trtr, protocol = task.train_and_score(real_train), "train on real_train, test on real_test"
@@ -364,27 +366,34 @@ def train_on_synthetic_accuracy(
 _CLASSIFIERS = ("logistic", "random_forest")
 
 
-def check_classification_target(real_test: pd.DataFrame, target: str) -> None:
+def check_classification_target(real_test: pd.DataFrame, target: str, *, schema: Optional[Schema] = None) -> None:
     """Raise ``ValueError`` if :func:`train_on_synthetic_accuracy` cannot
     predict ``target`` on ``real_test`` (a continuous column, more than 50
     classes, no value), and ``ImportError`` without scikit-learn: the checks
     it makes, which need no synthetic data (the command line makes them
-    before it fits). NOT private: reads the real data.
+    before it fits). A column is continuous if ``schema`` says it is
+    ``real``; without a schema (or a column it does not describe), if it
+    holds non-integer numbers with more than :data:`NUMERIC_MAX_LEVELS`
+    distinct values. NOT private: reads the real data.
 
     :param pandas.DataFrame real_test: the real records to test on.
     :param str target: the column to predict.
+    :param Schema schema: the schema of the twin (optional): the target's kind.
     """
     _require_sklearn()
     if target not in real_test.columns:
         raise ValueError(f"Expected target to be one of the columns {list(real_test.columns)}, got "
                          f"target={target!r}.")
     t = real_test[target]
-    if (_is_numeric(t) and not pd.api.types.is_integer_dtype(t.dtype)
-            and t.nunique() > NUMERIC_MAX_LEVELS):
-        raise ValueError(
-            f"Expected a categorical target, but column {target!r} is continuous ({t.dtype}, more than "
-            f"{NUMERIC_MAX_LEVELS} distinct values); choose a categorical, boolean or integer column."
-        )
+    if schema is not None and target in schema:
+        continuous, why = schema[target].kind == "real", "a real column in the schema"
+    else:
+        continuous = (_is_numeric(t) and not pd.api.types.is_integer_dtype(t.dtype)
+                      and t.nunique() > NUMERIC_MAX_LEVELS)
+        why = f"{t.dtype}, more than {NUMERIC_MAX_LEVELS} distinct values"
+    if continuous:
+        raise ValueError(f"Expected a categorical target, but column {target!r} is continuous ({why}); choose a "
+                         "categorical, boolean or integer column.")
     if t.nunique() > 50:
         raise ValueError(f"Expected a target with at most 50 classes, column {target!r} has {t.nunique()}.")
     if not t.notna().any():
@@ -396,17 +405,15 @@ class _Classification:
     """One classification task of :func:`train_on_synthetic_accuracy`: predict
     ``target`` from the other columns, scored on the real test records."""
 
-    def __init__(self, real_test: pd.DataFrame, target: str, classifier: str, random_state: int):
-        check_classification_target(real_test, target)
+    def __init__(self, real_test: pd.DataFrame, target: str, classifier: str, random_state: int,
+                 schema: Optional[Schema] = None):
+        check_classification_target(real_test, target, schema=schema)
         features = [c for c in real_test.columns if c != target]
         self.target, self.random_state = target, random_state
         self.numeric_cols = [c for c in features if _is_numeric(real_test[c])]
         self.other_cols = [c for c in features if c not in self.numeric_cols]
         self.build = _classifier(classifier, random_state)
-        self.X_test, self.y_test = self.xy(real_test)
-        if len(self.y_test) == 0:
-            raise ValueError(
-                f"Expected some real test records with a target value, column {target!r} is all missing.")
+        self.X_test, self.y_test = self.xy(real_test)   # not empty: the check above
         _, self.class_counts = np.unique(self.y_test, return_counts=True)
         self.majority = float(self.class_counts.max() / self.class_counts.sum())
 
@@ -539,5 +546,5 @@ def utility_metrics(
         }
     if target is not None:
         out["classification"] = train_on_synthetic_accuracy(
-            real, synthetic, target, real_train=real_train, random_state=rng_seed)
+            real, synthetic, target, real_train=real_train, random_state=rng_seed, schema=schema)
     return out

@@ -27,6 +27,7 @@ import pandas as pd
 
 from d3p.twin import metrics as _metrics
 from d3p.twin._io import atomic_directory
+from d3p.twin.cells import bin_edges
 from d3p.twin.schema import Schema
 
 __all__ = ["write_report", "write_report_files", "headline_lines", "REPORT_NOTE"]
@@ -36,6 +37,17 @@ REPORT_NOTE = (
     "This report is computed from the REAL data without privacy protection (marginals, "
     "correlations, classifier accuracies). It is for the data holder only: do not publish it."
 )
+
+
+def require_matplotlib() -> None:
+    """Raise ``ImportError`` (saying how to install it) if matplotlib, which
+    draws the report's plots, is not installed: the check of
+    :func:`write_report_files`, which the command line makes before it fits."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError("the report's plots need matplotlib, which is not installed; install it with "
+                          "`pip install matplotlib` (or `pip install d3p[twin]`).") from None
 
 
 def _safe(name: str) -> str:
@@ -74,7 +86,7 @@ def _plot_marginal(path, real: pd.Series, syn: pd.Series, spec, bins: int, tv: f
         else:
             both = np.concatenate([r, s]) if r.size + s.size else np.zeros(1)
             lo, hi = float(both.min()), float(both.max())
-        edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+        edges = bin_edges(lo, hi if hi > lo else lo + 1.0, bins)
         ax.hist(np.clip(r, lo, hi), bins=edges, density=True, alpha=0.5, label="real", color="C0")
         ax.hist(np.clip(s, lo, hi), bins=edges, density=True, alpha=0.5, label="synthetic", color="C1")
         ax.set_ylabel("density")
@@ -130,6 +142,7 @@ def write_report_files(directory: str, real: pd.DataFrame, synthetic: pd.DataFra
     see :func:`write_report`). Returns the file names. ``metrics``: those of
     :func:`d3p.twin.utility_metrics` for the same arguments, if already
     computed (default: computed here)."""
+    require_matplotlib()
     real, synthetic = real.rename(columns=str), synthetic.rename(columns=str)
     m = metrics if metrics is not None else _metrics.utility_metrics(
         real, synthetic, schema=schema, target=target, real_train=real_train, bins=bins, rng_seed=seed)
