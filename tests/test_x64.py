@@ -100,3 +100,25 @@ def test_the_x64_step_runs_the_listed_modules_for_their_reasons():
     ci = (tests.parent / ".ci" / "run").read_text()
     step = "JAX_ENABLE_X64=1 .venv/bin/python -m pytest -m \"x64 and not slow and not examples\""
     assert step in readme and step in ci
+
+
+def test_a_check_run_by_hand_is_not_marked_x64():
+    """The x64 step's marker expression replaces the default one, which
+    leaves the ``manual`` checks out: a manual test of a listed module is not
+    marked ``x64``, so that no CI step runs it."""
+    import pathlib
+    from types import SimpleNamespace
+
+    import conftest
+    from conftest import X64_MODULES
+
+    path = pathlib.Path(__file__).resolve().parent / sorted(X64_MODULES)[0]
+
+    def item(*marks):
+        added = list(marks)
+        return SimpleNamespace(fspath=path, add_marker=lambda m: added.append(m.name), added=added,
+                               get_closest_marker=lambda name: name if name in added else None)
+
+    by_hand, other = item("manual"), item()
+    conftest.pytest_collection_modifyitems(None, [by_hand, other])
+    assert by_hand.added == ["manual"] and other.added == ["x64"]
