@@ -4,6 +4,7 @@ steps, the result) and its machinery (batch gathering, the compiled chunked
 ``lax.scan``, the progress bar). What the run samples with and accounts for
 is :mod:`d3p._run_plan`."""
 
+import contextlib
 import functools
 import logging
 import math
@@ -87,13 +88,10 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
     @functools.partial(jax.jit, static_argnums=6)
     def run_chunk(svi_state, average, keys, start, average_from, data, length, sigma=None, clip=None):
         steps = start + jnp.arange(length, dtype=jnp.uint32)
-        svi._run_sigma, svi._run_clip = sigma, clip   # read by the step while it is traced; reset below
-        try:
+        with _step_arguments(svi, sigma, clip):
             (svi_state, average, ok), losses = lax.scan(
                 lambda c, i: body_fn(c, keys, i, average_from, data), (svi_state, average, jnp.bool_(True)),
                 steps)
-        finally:
-            svi._run_sigma = svi._run_clip = None
         return svi_state, average, losses, ok
 
     return run_chunk
@@ -121,14 +119,22 @@ def _traced_length_chunk(svi, body_fn, svi_state, average, keys, start, average_
         loss_dtypes.append(loss.dtype)
         return carry, losses.at[j].set(loss.astype(buffer_dtype))
 
-    svi._run_sigma, svi._run_clip = sigma, clip   # read by the step while it is traced; reset below
-    try:
-        losses = jnp.full((_CHUNK_STEPS,), jnp.nan, buffer_dtype)
+    with _step_arguments(svi, sigma, clip):
         (svi_state, average, ok), losses = lax.fori_loop(
-            jnp.uint32(0), length, body, ((svi_state, average, jnp.bool_(True)), losses))
+            jnp.uint32(0), length, body,
+            ((svi_state, average, jnp.bool_(True)), jnp.full((_CHUNK_STEPS,), jnp.nan, buffer_dtype)))
+    return svi_state, average, losses.astype(loss_dtypes[0]), ok
+
+
+@contextlib.contextmanager
+def _step_arguments(svi, sigma, clip):
+    """σ and C of the chunk's arguments (or None: constants of the step), read
+    by the step while it is traced, and reset after."""
+    svi._run_sigma, svi._run_clip = sigma, clip
+    try:
+        yield
     finally:
         svi._run_sigma = svi._run_clip = None
-    return svi_state, average, losses.astype(loss_dtypes[0]), ok
 
 
 def _averaged(average, params, include):
