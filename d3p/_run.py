@@ -1,7 +1,7 @@
 """A run of :class:`d3p.svi.DPSVI` (:meth:`~d3p.svi.DPSVI.run`): its wiring
 (:func:`run`: the plan, the initial state or checkpoint, the ledger, the
-steps, the result) and its machinery (batch gathering, the compiled chunked
-``lax.scan``, the progress bar). What the run samples with and accounts for
+steps, the result) and its machinery (batch gathering, the compiled chunks
+of steps, the progress bar). What the run samples with and accounts for
 is :mod:`d3p._run_plan`."""
 
 import contextlib
@@ -55,10 +55,11 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
     :data:`_CHUNK_STEPS` entries, the first ``length`` of them the steps';
     otherwise the loop is a ``lax.scan`` of ``length`` steps, one program per
     ``length`` (a loop whose trip count is a constant of the program spares
-    a GPU the copy of its predicate to the host at every step). ``sigma``: the noise multiplier where the
-    steps take it as an argument (:func:`d3p._private_step.traced_sigma`: a
-    run at another ε compiles nothing), else None and σ is a constant of the
-    program; ``clip`` likewise the clipping threshold
+    a GPU the copy of its predicate to the host at every step).
+
+    ``sigma``: the noise multiplier where the steps take it as an argument
+    (:func:`d3p._private_step.traced_sigma`: a run at another ε compiles
+    nothing), else None and σ is a constant of the program; ``clip`` likewise the clipping threshold
     (:func:`d3p._private_step.traced_threshold`: a run at another ``C``
     compiles nothing). ``keys``: ``(batch_key, step_key)``; step ``i`` draws its batch
     with ``fold_in(batch_key, i)`` and its noise and Monte Carlo draws from
