@@ -2,30 +2,33 @@
 
 For the d3p paper's models the script fits non-private NumPyro SVI to
 convergence (full batch, 4 particles, ``--reference-steps`` Adam steps: the
-reference posterior) and DPSVI at ε = 1 and ε = 8 (Poisson sampling,
-add/remove, δ = 1/N²), 3 seeds, as:
+reference posterior) and DPSVI at ε = 1 and ε = 8 (δ = 1/N²), 3 seeds, as:
 
-- ``batch B``: the earlier recipe, an explicit expected batch ``B`` (the
-  problem's), no averaging;
-- ``defaults``: no batch size (``run`` takes nearly all of the data at every
-  step, :func:`d3p._run_plan.automatic_q`), no averaging;
-- ``defaults, average 0.5``: the same, the parameters averaged over the last
-  half of the steps (``run(average=0.5)``);
-- the ablation ``defaults, σ = 0``: the same clipping and steps without noise
-  (``epsilon=inf``): what clipping and optimisation alone leave.
+- ``earlier recipe``: what the README showed before d3p chose settings: the
+  problem's Adam step size, C and explicit expected batch ``B`` (Poisson,
+  add/remove), the problem's number of steps, no averaging;
+- ``defaults``: what a user gets from ``DPSVI(model, guide, loss=Trace_ELBO(),
+  N=N).run(key, None, *data, epsilon=ε)``: every setting chosen by d3p (the
+  batch, :func:`d3p._run_plan.automatic_q`; C by adaptive clipping to the 0.98
+  quantile; Adam at :data:`d3p._run_plan.CHOSEN_STEP_SIZE`; the number of
+  steps; the mean of the last half of the iterates);
+- the ablations ``defaults, σ = 0`` (the same without noise: C follows the
+  exact quantile; what clipping and optimisation leave) and ``defaults, no
+  clipping, σ = 0`` (C = ∞ as well: what the optimisation alone leaves).
 
 Problems (no downloads): ``readme``, the README's logistic regression on
 scikit-learn's breast-cancer data (N = 455, d = 31); ``logreg20k``, generated
-logistic regression (N = 20,000, d = 30); ``hlogreg`` and ``gmm`` as in
-``formulation_accuracy.py``. The same C, step size and number of steps for
-every fit of a problem.
+logistic regression (N = 20,000, d = 30); ``hlogreg``, ``gmm`` and ``vae``
+as in ``formulation_accuracy.py`` (the VAE has no global latent variable: its
+rows have the held-out ELBO per image only).
 
 Each row: the posterior mean's error in units of the reference posterior sd
 (mean over coordinates of |μ − μ_ref| / sd_ref), the ratio of posterior sds
 (geometric mean over coordinates), and the held-out log predictive density
 per record against the reference's; means over the seeds. Writes the table
 as JSON and a figure (private vs non-private posterior means ± sd at ε = 1)
-to ``--output-dir``.
+to ``--output-dir``. With ``--clip``, ``--lr``, ``--formulation`` or
+``--adaptive`` it runs the earlier sweep instead (:func:`sweep`).
 
 Usage::
 
@@ -51,6 +54,7 @@ import formulation_accuracy as fa  # noqa: E402
 
 import d3p.random  # noqa: E402
 from d3p._paper_models import logistic_regression_guide, logistic_regression_model  # noqa: E402
+from d3p import _run_plan  # noqa: E402
 from d3p.svi import AdaptiveClipping, DPSVI  # noqa: E402
 
 EPSILONS = (1.0, 8.0)
@@ -82,7 +86,7 @@ def _logreg20k_problem():
 def problems():
     made = fa.make_problems()
     return {"readme": _readme_problem(), "logreg20k": _logreg20k_problem(), "hlogreg": made["hlogreg"],
-            "gmm": made["gmm"]}
+            "gmm": made["gmm"], "vae": made["vae"]}
 
 
 def reference(p, steps):
@@ -104,6 +108,8 @@ def _moments(p, params, ref_params, key):
 
 
 def figures(p, params, ref_params, key):
+    if isinstance(p, fa.VAE):   # no global latent variable: the held-out ELBO only
+        return {"error_sds": float("nan"), "sd_ratio": float("nan"), "predictive": p.predictive(params, key)}
     mean, sd, ref_mean, ref_sd = _moments(p, params, ref_params, key)
     return {"error_sds": float(np.mean(np.abs(mean - ref_mean) / ref_sd)),
             "sd_ratio": float(np.exp(np.mean(np.log(sd / ref_sd)))),
@@ -117,7 +123,8 @@ def _over_seeds(got):
             "predictive": float(np.mean([g["predictive"] for g in got]))}
 
 
-FITS = {   # name -> (run's keywords, epsilon override)
+#: The sweep's fits (:func:`sweep`): name -> run's keywords.
+FITS = {
     "batch B": lambda p: dict(batch_size=p.batch_size),
     "defaults": lambda p: dict(),
     "defaults, average 0.5": lambda p: dict(average=0.5),
@@ -126,7 +133,7 @@ FITS = {   # name -> (run's keywords, epsilon override)
 
 
 def fit(p, name, epsilon, seed, cache, formulation="own_sample", adaptive=None):
-    """One private fit; ``adaptive``: the target quantile of adaptive
+    """One private fit of the sweep; ``adaptive``: the target quantile of adaptive
     clipping (``p.C`` its first threshold), or None for a fixed ``p.C``."""
     if name not in cache:
         clipping = None if adaptive is None else AdaptiveClipping(target_quantile=adaptive)
@@ -136,6 +143,30 @@ def fit(p, name, epsilon, seed, cache, formulation="own_sample", adaptive=None):
     result = cache[name].run(d3p.random.PRNGKey(seed), p.steps, *p.train, epsilon=epsilon, delta=1.0 / p.N**2,
                              progress_bar=False, **FITS[name](p))
     return result
+
+
+#: The main table's fits (:func:`fit_chosen`).
+CHOSEN_FITS = ("earlier recipe", "defaults", "defaults, σ = 0", "defaults, no clipping, σ = 0")
+
+
+def fit_chosen(p, name, epsilon, seed, cache):
+    """One fit of the main table (the module's docstring); ``cache``: the
+    DPSVI of each fit, kept between seeds and ε (a run at another ε or
+    number of steps compiles nothing)."""
+    delta, key = 1.0 / p.N**2, d3p.random.PRNGKey(seed)
+    if name == "earlier recipe":
+        svi = cache.setdefault(name, DPSVI(p.model, p.guide, numpyro.optim.Adam(p.lr), Trace_ELBO(),
+                                           clipping_threshold=p.C, N=p.N, **p.shared))
+        return svi.run(key, p.steps, *p.train, batch_size=p.batch_size, epsilon=epsilon, delta=delta,
+                       progress_bar=False)
+    if name == "defaults, no clipping, σ = 0":   # the batches of the defaults at ε = 1
+        svi = cache.setdefault(name, DPSVI(p.model, p.guide, loss=Trace_ELBO(), clipping_threshold=float("inf"),
+                                           dp_scale=0.0, N=p.N, **p.shared))
+        q = _run_plan.automatic_q(p.N, "poisson", _run_plan.CHOSEN_NUM_STEPS, delta, 1.0)
+        return svi.run(key, None, *p.train, q=q, sampling="poisson", target_delta=delta, progress_bar=False)
+    svi = cache.setdefault("defaults", DPSVI(p.model, p.guide, loss=Trace_ELBO(), N=p.N, **p.shared))
+    epsilon = float("inf") if name == "defaults, σ = 0" else epsilon
+    return svi.run(key, None, *p.train, epsilon=epsilon, delta=delta, progress_bar=False)
 
 
 def plot(rows_by_problem, path):
@@ -177,7 +208,7 @@ def sweep(args):
         for C in args.clip or [p.C]:
             p.C, cache = C, {}
             for epsilon in args.epsilons:
-                for name in args.fits:
+                for name in args.fits or FITS:
                     if name.endswith("σ = 0") and epsilon != args.epsilons[0]:
                         continue
                     results = [fit(p, name, epsilon, seed, cache, args.formulation,
@@ -202,12 +233,12 @@ def sweep(args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--problems", nargs="+", default=["readme", "logreg20k", "hlogreg", "gmm"])
+    parser.add_argument("--problems", nargs="+", default=["readme", "logreg20k", "hlogreg", "gmm", "vae"])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--reference-steps", type=int, default=8000)
     parser.add_argument("--output-dir", default=os.path.join("benchmarks", "output"))
-    parser.add_argument("--fits", nargs="+", choices=list(FITS), default=list(FITS),
-                        help="the fits to run (default: all)")
+    parser.add_argument("--fits", nargs="+", choices=list(FITS) + list(CHOSEN_FITS), default=None,
+                        help="the fits to run (default: all of the table's, or of the sweep's)")
     parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS))
     parser.add_argument("--clip", type=float, nargs="+", default=None,
                         help="clipping thresholds C to sweep (default: the problem's own)")
@@ -219,10 +250,15 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.clip or args.lr or args.formulation != "own_sample" or args.adaptive is not None:
         return sweep(args)
+    return chosen_table(args)
+
+
+def chosen_table(args):
+    """The main table (the module's docstring): JSON ``accuracy_defaults.json`` and the figure."""
     warnings.simplefilter("ignore")
     print(f"jax {jax.__version__}, numpyro {numpyro.__version__}, backend {jax.default_backend()}", flush=True)
-    print("| problem | ε | fit | q | σ | error (ref. sds) | sd ratio | held-out log pred. (ref.) |")
-    print("|---|---|---|---|---|---|---|---|", flush=True)
+    print("| problem | ε | fit | q | σ | steps | final C | error (ref. sds) | sd ratio | held-out (ref.) |")
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     rows, plotted = [], {}
     all_problems = problems()
     for pname in args.problems:
@@ -231,26 +267,29 @@ def main(argv=None):
         ref = reference(p, args.reference_steps)
         ref_pred = p.predictive(ref, jax.random.PRNGKey(100))
         cache = {}
-        for epsilon in EPSILONS:
-            for name in FITS:
-                if name.endswith("σ = 0") and epsilon != EPSILONS[0]:
+        for epsilon in args.epsilons:
+            for name in args.fits or CHOSEN_FITS:
+                if "σ = 0" in name and epsilon != args.epsilons[0]:
                     continue
-                got, last = [], None
+                got, last, final_C = [], None, []
                 for seed in range(args.seeds):
-                    last = fit(p, name, epsilon, seed, cache)
+                    last = fit_chosen(p, name, epsilon, seed, cache)
                     got.append(figures(p, last.params, ref, jax.random.PRNGKey(100 + seed)))
-                    if epsilon == 1.0 and seed == 0 and name in ("batch B", "defaults, average 0.5") \
-                            and not isinstance(p, fa.GMM):
+                    final_C.append(None if last.state.clipping_threshold is None
+                                   else float(last.state.clipping_threshold))
+                    if epsilon == 1.0 and seed == 0 and name in ("earlier recipe", "defaults") \
+                            and not isinstance(p, (fa.GMM, fa.VAE)):
                         mean, sd, ref_mean, ref_sd = _moments(p, last.params, ref, jax.random.PRNGKey(100))
                         plotted.setdefault(pname, ((ref_mean, ref_sd), {}))[1][name] = (mean, sd)
-                row = dict(problem=pname, epsilon=epsilon if not name.endswith("σ = 0") else None, fit=name,
-                           q=last.q, sigma=last.sigma, **_over_seeds(got), reference_predictive=ref_pred,
-                           seeds=args.seeds, per_seed=got)
+                row = dict(problem=pname, epsilon=None if "σ = 0" in name else epsilon, fit=name,
+                           q=last.q, sigma=last.sigma, num_steps=last.num_steps, final_C=final_C,
+                           **_over_seeds(got), reference_predictive=ref_pred, seeds=args.seeds, per_seed=got)
                 rows.append(row)
                 eps_text = "—" if row["epsilon"] is None else f"{epsilon:g}"
-                print(f"| {pname} | {eps_text} | {name} | {last.q:.3g} | {last.sigma:.3g} | "
-                      f"{row['error_sds']:.2f} | {row['sd_ratio']:.2f} | {row['predictive']:.4f} ({ref_pred:.4f}) |",
-                      flush=True)
+                C_text = "—" if final_C[0] is None else f"{np.mean(final_C):.3g}"
+                print(f"| {pname} | {eps_text} | {name} | {last.q:.3g} | {last.sigma:.3g} | {last.num_steps} | "
+                      f"{C_text} | {row['error_sds']:.2f} | {row['sd_ratio']:.2f} | {row['predictive']:.4f} "
+                      f"({ref_pred:.4f}) |", flush=True)
         print(f"<!-- {pname}: {time.perf_counter() - t0:.0f} s -->", flush=True)
     fa.write_rows(args.output_dir, "accuracy_defaults.json", rows)
     if plotted:

@@ -51,6 +51,7 @@ __all__ = [
     "centred_count",
     "noisy_fraction",
     "next_threshold",
+    "learning_rate",
 ]
 
 #: The count's default share of the step's privacy: with ``count_noise`` not
@@ -66,6 +67,18 @@ BOUND_FACTOR = 1000.0
 CHOSEN_QUANTILE = 0.98
 #: ... starting from this ``C``.
 CHOSEN_FIRST_THRESHOLD = 1.0
+#: The learning rate ``η`` with ``learning_rate=None`` (what ``C`` chosen gets)
+#: is at most this (the paper's 0.2) ...
+RATE_CAP = 0.2
+#: ... and at most ``2 DRIFT_SCALE (1 - γ) / s²`` with ``s = σ_b / B_e`` the
+#: noise of the estimated fraction: above the norms, where ``b̃`` is ``1 +
+#: s z``, ``log C`` drifts down by ``η (1 - γ)`` a step and spreads by ``η s``,
+#: so it sits above the target quantile by about ``η s² / (2 (1 - γ))``
+#: (an exponential tail), at most this many nats. Without it a high quantile
+#: under a noisy count lets ``C`` wander far above the norms (the README's
+#: data at ε = 1: to 30 from norms of about 3; benchmarks/README.md,
+#: "The chosen settings").
+DRIFT_SCALE = 0.25
 
 
 def effective_sigma(sigma: float, count_noise: float) -> float:
@@ -126,7 +139,10 @@ class AdaptiveClipping(NamedTuple):
       paper's choice).
     - **learning_rate** - ``η > 0`` of the geometric update; default 0.2 (the
       paper's choice; without noise ``C`` changes by at most a factor
-      ``e^{η max(γ, 1 - γ)}`` per step).
+      ``e^{η max(γ, 1 - γ)}`` per step). None: from the count's noise,
+      ``η = min(0.2, 2 κ (1 - γ) / s²)`` with ``s = σ_b / B_e`` the noise of
+      the estimated fraction and ``κ`` = :data:`DRIFT_SCALE` (public facts:
+      :func:`learning_rate`); what ``C`` chosen for the user gets.
     - **count_noise** - ``σ_b >= 0``, the standard deviation of the count's
       noise; default None: the count takes :data:`COUNT_SHARE` (a tenth) of
       each step's privacy, ``σ_b = σ sqrt((1 - f) / f) / 2 = 1.5 σ`` for the
@@ -149,7 +165,7 @@ class AdaptiveClipping(NamedTuple):
     """
 
     target_quantile: float = 0.5
-    learning_rate: float = 0.2
+    learning_rate: Optional[float] = 0.2
     count_noise: Optional[float] = None
     min_threshold: Optional[float] = None
     max_threshold: Optional[float] = None
@@ -191,14 +207,28 @@ def chosen(value, clipping_threshold):
     if value is False:
         raise TypeError("Expected clipping_threshold with adaptive_clipping=False: without it C is chosen by "
                         "adaptive clipping.")
-    return AdaptiveClipping(target_quantile=CHOSEN_QUANTILE) if value is None else value
+    return AdaptiveClipping(target_quantile=CHOSEN_QUANTILE, learning_rate=None) if value is None else value
+
+
+def learning_rate(settings: "AdaptiveClipping", count_noise, expected_batch_size):
+    """``η`` of ``settings``: its ``learning_rate``, or for None
+    ``min(RATE_CAP, 2 DRIFT_SCALE (1 - γ) / s²)``, ``s = count_noise /
+    expected_batch_size`` (a number, or an array where ``count_noise`` is
+    traced). Public facts only."""
+    if settings.learning_rate is not None:
+        return settings.learning_rate
+    limit = 2.0 * DRIFT_SCALE * (1.0 - settings.target_quantile) * expected_batch_size**2
+    if isinstance(count_noise, jax.Array):
+        return jnp.minimum(RATE_CAP, limit / jnp.maximum(count_noise**2, limit / RATE_CAP))
+    return RATE_CAP if count_noise == 0 else min(RATE_CAP, limit / count_noise**2)
 
 
 def describe_chosen(settings: "AdaptiveClipping") -> str:
     """What ``run`` says when it chose ``C`` (:func:`chosen`)."""
     return (f"d3p: no clipping_threshold given: C follows a private estimate of the {settings.target_quantile:g} "
             f"quantile of the per-record gradient norms, from C = {CHOSEN_FIRST_THRESHOLD:g} (adaptive "
-            f"clipping; its counts take {COUNT_SHARE:.0%} of each step's privacy, within the ε asked)")
+            f"clipping; its counts take {COUNT_SHARE:.0%} of each step's privacy, within the ε asked; its "
+            f"learning rate is at most {RATE_CAP:g}, less where the count's noise is large)")
 
 
 def resolve(value, clipping_threshold: float, *, noise: str = "gaussian", mesh=None) -> Optional[AdaptiveClipping]:
@@ -221,7 +251,7 @@ def resolve(value, clipping_threshold: float, *, noise: str = "gaussian", mesh=N
                          "device (its count over the records is not sharded).")
     gamma = _validate.number("target_quantile", value.target_quantile, low=0.0, high=1.0, low_open=True,
                              high_open=True)
-    eta = _validate.positive("learning_rate", value.learning_rate)
+    eta = None if value.learning_rate is None else _validate.positive("learning_rate", value.learning_rate)
     count_noise = None if value.count_noise is None else _validate.non_negative("count_noise", value.count_noise)
     if not math.isfinite(clipping_threshold):
         raise ValueError(f"Expected a finite clipping_threshold with adaptive_clipping (the first step's C), "
@@ -275,9 +305,13 @@ def noisy_fraction(norms, mask, clipping_threshold, count_noise: float, expected
     return noisy / jnp.asarray(expected_batch_size, noisy.dtype) + 0.5
 
 
-def next_threshold(clipping_threshold, fraction, settings: AdaptiveClipping) -> jax.Array:
+def next_threshold(clipping_threshold, fraction, settings: AdaptiveClipping, count_noise=None,
+                   expected_batch_size=None) -> jax.Array:
     """``clip(C exp(-η (b̃ - γ)), C_min, C_max)`` of the resolved ``settings``
-    (post-processing of the released ``fraction`` b̃), in ``C``'s dtype."""
+    (post-processing of the released ``fraction`` b̃), in ``C``'s dtype; ``η``:
+    :func:`learning_rate` (``count_noise`` and ``expected_batch_size`` are
+    read only for ``learning_rate=None``)."""
     C = jnp.asarray(clipping_threshold)
-    step = jnp.exp(-settings.learning_rate * (fraction - settings.target_quantile))
+    eta = learning_rate(settings, count_noise, expected_batch_size)
+    step = jnp.exp(-eta * (fraction - settings.target_quantile))
     return jnp.clip(C * step.astype(C.dtype), settings.min_threshold, settings.max_threshold).astype(C.dtype)

@@ -135,11 +135,15 @@ class SplitFacts(NamedTuple):
       outside every records plate that the guide draws: the values
       ``"aligned"`` differentiates (a latent without a guide site is drawn
       by the model from its prior, as under ``"shared_sample"``).
+    - **reparameterized** - whether the guide draws every global latent
+      variable from a continuous distribution with a reparameterised sample
+      (``has_rsample``): what ``"auto"`` needs to choose ``"aligned"``.
     """
 
     global_sites: frozenset
     dependent: tuple
     global_latents: tuple = ()
+    reparameterized: bool = True
 
 
 def split_facts(loss, model, guide, constrain_fn, static_kwargs, param_structs, treedef, one_record,
@@ -162,19 +166,21 @@ def split_facts(loss, model, guide, constrain_fn, static_kwargs, param_structs, 
         latents[:] = sorted(n for n, site in model_tr.items() if site["type"] == "sample"
                             and not site["is_observed"] and not _in_plates(site, plates)
                             and guide_tr.get(n, {}).get("type") == "sample")
+        smooth[:] = [getattr(guide_tr[n]["fn"], "has_rsample", False)
+                     and not getattr(guide_tr[n]["fn"], "is_discrete", True) for n in latents]
         terms = site_losses(loss, rng_key, constrained, SiteKeys(model, plates, rng_key, rng_key),
                             SiteKeys(guide, plates, rng_key, rng_key), args, kwargs)
         outside[:] = sorted(n for n, local in roles.items() if not local and n in terms)
         return [jnp.asarray(terms[n]) for n in outside]
 
-    outside, latents = [], []
+    outside, latents, smooth = [], [], []
     abstract_key = jax.eval_shape(jax.random.PRNGKey, 0)
     closed = jax.make_jaxpr(global_terms)(param_structs, abstract_key, list(one_record))
     num_records = len(one_record)
     record_vars = closed.jaxpr.invars[len(closed.jaxpr.invars) - num_records:] if num_records else []
     depends = _depends_on(closed.jaxpr, record_vars)
     dependent = tuple(n for n, d in zip(outside, depends) if d)
-    return SplitFacts(frozenset(n for n in outside if n not in dependent), dependent, tuple(latents))
+    return SplitFacts(frozenset(n for n in outside if n not in dependent), dependent, tuple(latents), all(smooth))
 
 
 def _depends_on(jaxpr, inputs) -> list:

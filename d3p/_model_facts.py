@@ -294,10 +294,12 @@ def split_facts(svi, params, treedef, leaves) -> tuple:
     records shaped like ``leaves`` (public: from an abstract trace of one
     record, found once per record structure and parameter shapes).
 
-    ``"auto"`` is ``"own_sample"`` for NumPyro's ``Trace_ELBO`` and
-    ``TraceMeanField_ELBO``, else ``"per_record"``; and ``"per_record"``,
-    with a warning, where a term outside the records plate may read the
-    record, which an explicit split formulation refuses."""
+    ``"auto"`` is ``"aligned"`` for NumPyro's ``Trace_ELBO`` and
+    ``TraceMeanField_ELBO`` where the guide draws every global latent
+    variable reparameterised (``"own_sample"`` where it does not), else
+    ``"per_record"``; and ``"per_record"``, with a warning, where a term
+    outside the records plate may read the record, which an explicit split
+    formulation refuses."""
     record = one_record(leaves)
     param_structs = _param_structs(params)
     key = (treedef, record, jax.tree.structure(param_structs), tuple(jax.tree.leaves(param_structs)))
@@ -311,6 +313,8 @@ def split_facts(svi, params, treedef, leaves) -> tuple:
         plates = records_plates(svi, params, treedef, leaves)
         facts = _elbo_terms.split_facts(svi.loss, svi.model, svi.guide, svi.constrain_fn,
                                         svi.static_kwargs, param_structs, treedef, record, plates)
+        if svi.formulation == "auto" and facts.reparameterized:
+            formulation = "aligned"
         if facts.dependent:
             message = (
                 f"The terms of the site(s) {list(facts.dependent)}, outside the plate over the records "

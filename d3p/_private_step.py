@@ -81,11 +81,14 @@ def checked_threshold(svi) -> float:
     return C
 
 
-def check_optimizer(optim) -> None:
-    """Refuse optimizers that update from the loss value (``numpyro.optim.Minimize``,
-    ``update_with_value``): the loss is computed from un-noised data. Optax
-    transformations, also wrapped by ``numpyro.optim.optax_to_numpyro``, are
-    accepted: they are given a public constant 0 as the value (see :class:`DPSVI`)."""
+def check_optimizer(chosen):
+    """``chosen``, ``(optim, step_size)`` of :func:`d3p._run_plan.optimizer`,
+    once ``optim`` is checked: refuse optimizers that update from the loss value
+    (``numpyro.optim.Minimize``, ``update_with_value``): the loss is computed from
+    un-noised data. Optax transformations, also wrapped by
+    ``numpyro.optim.optax_to_numpyro``, are accepted: they are given a public
+    constant 0 as the value (see :class:`DPSVI`)."""
+    optim = chosen[0]
     update_fn = getattr(optim, "update_fn", None)
     optax_wrapper = getattr(update_fn, "__qualname__", "").startswith("optax_to_numpyro.")
     if isinstance(optim, Minimize) or (getattr(optim, "update_with_value", False) and not optax_wrapper):
@@ -94,6 +97,7 @@ def check_optimizer(optim) -> None:
             "computed from un-noised data and is not private; choose a gradient-based "
             "optimizer such as numpyro.optim.Adam."
         )
+    return chosen
 
 
 def noise_setting(noise, dp_scale: float, clipping_threshold: float, strategy: str) -> str:
@@ -194,9 +198,10 @@ def next_threshold(svi, svi_state, result, mask, C, expected_batch_size, count_k
     if settings is None:
         return svi_state.clipping_threshold
     sigma = noise_multiplier(svi) if svi._run_sigma is None else svi._run_sigma   # traced in run's steps
-    fraction = _adaptive.noisy_fraction(result.norms, mask, C, settings.count_std(sigma),
-                                        expected_batch_size, count_key, svi.rng_suite)
-    return _adaptive.next_threshold(C, fraction, settings)
+    count_noise = settings.count_std(sigma)
+    fraction = _adaptive.noisy_fraction(result.norms, mask, C, count_noise, expected_batch_size, count_key,
+                                        svi.rng_suite)
+    return _adaptive.next_threshold(C, fraction, settings, count_noise, expected_batch_size)
 
 
 def threshold_bound(svi) -> Optional[float]:
@@ -442,6 +447,8 @@ def sigma_value(sigma, params):
 def step(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
     """One step: ``(new_state, loss, noisy_gradient)``; see :meth:`DPSVI.update`."""
     state, grad, loss = noisy_gradient(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode)
+    if svi._chosen_step_size is not None:   # d3p's Adam: its step size from the parameters' shapes
+        svi._chosen_step_size.fit(grad)
     optim_state = svi.optim.update(grad, svi_state.optim_state, value=svi._optim_value)
     return state._replace(optim_state=optim_state), loss, grad
 

@@ -239,10 +239,11 @@ def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, e
 
 def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_batch_size, target_delta,
         accountant, relation, progress_bar, stable_update, forward_mode, init_state, init_params, init_data,
-        epsilon, delta, ledger, start_step, average=0.0):
+        epsilon, delta, ledger, start_step, average=None):
     """:meth:`DPSVI.run` of ``svi``, its arguments validated and resolved:
     the plan (sampler, accounting, σ), the ledger's check, then the steps at
     the plan's σ, which :func:`_run_steps` takes."""
+    num_steps, average, said = _run_plan.chosen_run(svi, num_steps, average)
     num_steps = _validate.integer("num_steps", num_steps, minimum=1)
     svi.clipping_threshold = _private_step.checked_threshold(svi)   # it may have been set since the last run
     average = _validate.number("average", average, low=0.0, high=1.0, high_open=True)
@@ -260,7 +261,9 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         raise TypeError(f"Expected ledger to be a d3p.ledger.PrivacyLedger, got {type(ledger).__name__}.")
     plan = _run_plan.run_plan(svi, N, num_steps, batch_size, q, sampling, max_batch_size, target_delta,
                               accountant, relation, epsilon)
-    if batch_size is None and q is None:   # say what was chosen (from N alone)
+    for message in said:   # what was chosen: constants and N, public
+        _say(message, progress_bar)
+    if batch_size is None and q is None:
         _say(_run_plan.describe_choice(plan.sampler), progress_bar)
     if svi.clipping_chosen and svi.adaptive_clipping is not None:
         _say(_adaptive.describe_chosen(svi.adaptive_clipping), progress_bar)
@@ -297,6 +300,9 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         batch = lambda: jax.eval_shape(gather, batch_key, records, 0)[:2]   # noqa: E731 - shapes, when needed
         svi_state = _initial_state(svi, init_state, checkpoint, init_key, batch, treedef, init_params, init_data)
         svi_state = _checked_initial_state(svi, svi_state, treedef, records, N)
+        if svi.optim_chosen:   # its step size from the parameters' number (public)
+            step_size = svi._chosen_step_size.fit(svi.optim.get_params(svi_state.optim_state))
+            _say(_run_plan.describe_optimizer(step_size, average), progress_bar)
 
         average_from = jnp.uint32(start_step + _averaging_start(average, num_steps))
 

@@ -15,6 +15,9 @@ facts only: σ, C, q, the number of steps and records, δ.
 import math
 from typing import Any, NamedTuple, Optional
 
+import jax
+import jax.numpy as jnp
+
 from d3p import _adaptive, _private_step, _sampling, _validate, accounting
 from d3p._state import DPSVIRunResult
 from d3p.ledger import GaussianSteps
@@ -42,6 +45,83 @@ AUTOMATIC_MAX_BATCH_SIZE = 4096
 #: The most that the add/remove neighbour's overflow of the automatic Poisson
 #: batches (``N + 1`` records drawn into ``N`` slots) may add to δ, as a share of δ.
 AUTOMATIC_OVERFLOW_SHARE = 1e-3
+
+
+#: Adam's largest step size when :class:`d3p.svi.DPSVI` is given no optimizer
+#: (:class:`ChosenStepSize`; benchmarks/README.md, "The settings chosen").
+CHOSEN_STEP_SIZE = 0.05
+
+#: ... and the norm of its step over all ``P`` parameters: the step size is
+#: at most ``CHOSEN_STEP_NORM / sqrt(P)``. Where the noise dominates, Adam
+#: moves every coordinate by about the step size, so a step moves the
+#: parameters by about ``step size * sqrt(P)``: without the bound a network
+#: (the VAE's 4,600 parameters) is driven to overflow.
+CHOSEN_STEP_NORM = 0.4
+
+#: :meth:`DPSVI.run`'s number of steps when ``num_steps`` is None (:func:`chosen_run`).
+CHOSEN_NUM_STEPS = 2000
+
+#: The share of the last steps whose parameters :meth:`DPSVI.run` averages by
+#: default with the optimizer it chose (:func:`chosen_run`; with a user's
+#: optimizer, none: at a small step size the iterates still move and their
+#: mean lags).
+CHOSEN_AVERAGE = 0.5
+
+
+class ChosenStepSize:
+    """The step size of the Adam that :class:`d3p.svi.DPSVI` chooses:
+    ``min(CHOSEN_STEP_SIZE, CHOSEN_STEP_NORM / sqrt(P))`` for ``P``
+    parameters (public: their shapes), known once :meth:`fit` has seen them
+    (the step does so before each optimizer update is traced). Called with
+    the step's index, as an optimizer's schedule."""
+
+    def __init__(self):
+        self.value = None
+
+    def fit(self, params) -> float:
+        size = sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(params))
+        self.value = min(CHOSEN_STEP_SIZE, CHOSEN_STEP_NORM / math.sqrt(max(size, 1)))
+        return self.value
+
+    def __call__(self, step):
+        if self.value is None:
+            raise RuntimeError("The chosen step size is set from the parameters' shapes: update the state "
+                               "through DPSVI.update or DPSVI.run.")
+        return self.value
+
+
+def optimizer(optim):
+    """``(optim, step_size)``: :class:`DPSVI`'s optimizer, and where d3p chose
+    it (``optim`` None: Adam at a :class:`ChosenStepSize`) that step size,
+    else None."""
+    if optim is not None:
+        return optim, None
+    import numpyro.optim
+
+    step_size = ChosenStepSize()
+    return numpyro.optim.Adam(step_size), step_size
+
+
+def chosen_run(svi, num_steps, average):
+    """``(num_steps, average, said)``: :meth:`DPSVI.run`'s number of steps
+    (:data:`CHOSEN_NUM_STEPS` for None) and the share of steps it averages
+    (None: :data:`CHOSEN_AVERAGE` with the optimizer d3p chose, else 0), and
+    what to say of the number of steps chosen. Constants: public."""
+    said = []
+    if num_steps is None:
+        num_steps = CHOSEN_NUM_STEPS
+        said.append(f"d3p: no num_steps given: {num_steps:,} steps")
+    if average is None:
+        average = CHOSEN_AVERAGE if svi.optim_chosen else 0.0
+    return num_steps, average, said
+
+
+def describe_optimizer(step_size: float, average: float) -> str:
+    """What :meth:`DPSVI.run` says of the optimizer it chose."""
+    averaged = f"the parameters averaged over the last {average:.0%} of the steps" if average else \
+        "no averaging"
+    return (f"d3p: no optimizer given: Adam with step size {step_size:.3g} (min({CHOSEN_STEP_SIZE:g}, "
+            f"{CHOSEN_STEP_NORM:g} / sqrt(number of parameters))), {averaged} (run(average=...); post-processing)")
 
 
 def automatic_sampling(sampling: Optional[str], batch_size, q, max_batch_size, epsilon, relation) -> str:

@@ -89,7 +89,12 @@ class DPSVI(SVI):
     :param model: NumPyro model; its records must sit under a subsampling plate.
     :param guide: NumPyro guide (e.g. an autoguide).
     :param optim: a NumPyro optimizer, a ``jax.example_libraries`` optimizer or
-        an ``optax`` transformation (also through ``numpyro.optim.optax_to_numpyro``). NumPyro optimizers that use the loss value
+        an ``optax`` transformation (also through ``numpyro.optim.optax_to_numpyro``);
+        or None (default): ``numpyro.optim.Adam`` at the step size
+        ``min(0.05, 0.4 / sqrt(P))`` for ``P`` parameters
+        (:class:`d3p._run_plan.ChosenStepSize`), with :meth:`run` averaging the
+        parameters over the last half of its steps (``run`` says so; docs/privacy.md,
+        "Settings chosen for you"). NumPyro optimizers that use the loss value
         (``numpyro.optim.Minimize``, ``update_with_value``) are refused: the loss
         is not private. Optax transformations are given a constant 0 as the loss
         value, so those that read it (e.g. ``reduce_on_plateau``) never adapt.
@@ -161,9 +166,11 @@ class DPSVI(SVI):
         respect to the draw's value (the guide's parameters get theirs by the
         chain rule after the noise, so the noise no longer drives the scales);
         ``"per_record"``: each record's whole ELBO, the global terms weighted
-        ``1 / N`` (d3p 0.2); ``"auto"`` (default): ``"own_sample"`` for
-        ``Trace_ELBO`` and ``TraceMeanField_ELBO``, else, or with a warning
-        where a global term may read a record, ``"per_record"``. The released
+        ``1 / N`` (d3p 0.2); ``"auto"`` (default): ``"aligned"`` for
+        ``Trace_ELBO`` and ``TraceMeanField_ELBO`` where the guide draws every
+        global latent variable reparameterised (``"own_sample"`` where not),
+        else, or with a warning where a global term may read a record,
+        ``"per_record"``. The released
         sum and its sensitivity are the same under all. The one a step uses is
         the attribute ``formulation_choice`` once the step is traced.
     :param static_kwargs: keyword arguments passed to model AND guide at every
@@ -232,7 +239,7 @@ class DPSVI(SVI):
         self,
         model: Callable,
         guide: Callable,
-        optim,
+        optim=None,
         loss=None,
         clipping_threshold: Optional[float] = None,
         dp_scale: Optional[float] = None,
@@ -250,7 +257,7 @@ class DPSVI(SVI):
         per_example_loss=None,
         **static_kwargs,
     ):
-        _private_step.check_optimizer(optim)
+        optim, self._chosen_step_size = _private_step.check_optimizer(_run_plan.optimizer(optim))   # None: Adam
         per_example_loss, static_kwargs, declared_N = _numpyro_compat.arguments(model, guide, loss,
                                                                                  per_example_loss, static_kwargs)
         super().__init__(model, guide, optim, per_example_loss, **static_kwargs)
@@ -288,6 +295,11 @@ class DPSVI(SVI):
         self.formulation = _elbo_terms.requested(
             _validate.choice("formulation", formulation, _elbo_terms.FORMULATIONS), per_example_loss)
         self.formulation_choice = None
+
+    @property
+    def optim_chosen(self) -> bool:
+        """Whether d3p chose the optimizer (``optim=None``: Adam, its step size from the parameters' number)."""
+        return self._chosen_step_size is not None
 
     def _record_choice(self, choice) -> None:
         self.strategy_choice = choice
@@ -477,30 +489,29 @@ class DPSVI(SVI):
 
     # ------------------------------------------------------------------ run
 
-    def run(self, rng_key, num_steps: int, *args, batch_size: Optional[int] = None, q: Optional[float] = None,
+    def run(self, rng_key, num_steps: Optional[int], *args, batch_size: Optional[int] = None, q: Optional[float] = None,
             sampling: Optional[str] = None, max_batch_size: Optional[int] = None, target_delta: Optional[float] = None,
             accountant: str = "fourier", relation: Optional[str] = None, progress_bar: bool = True,
             stable_update: bool = False, forward_mode_differentiation: bool = False,
             init_state: Optional[DPSVIState] = None, init_params: Optional[dict] = None,
             init_data=None, epsilon: Optional[float] = None, delta: Optional[float] = None,
-            ledger: Optional[PrivacyLedger] = None, start_step: Optional[int] = None, average: float = 0.0,
-            **kwargs) -> DPSVIRunResult:
+            ledger: Optional[PrivacyLedger] = None, start_step: Optional[int] = None,
+            average: Optional[float] = None, **kwargs) -> DPSVIRunResult:
         """Run ``num_steps`` DP-VI steps, each on a fresh random batch of the data.
 
-        Batches come from the sampler the accounting assumes (Poisson by
-        default, or fixed-size); the ε spent for it
-        (:func:`d3p.accounting.accounting_for`) is shown in the progress bar
-        and attached to the result. Public checks only: a ``ValueError`` if
-        the model's plate declares another ``N``; a ``UserWarning`` if the
-        noise will dominate or ``target_delta >= 1 / N``. Details of every
-        argument: docs/privacy.md, "What run does".
+        Batches come from the sampler the accounting assumes (Poisson by default, or
+        fixed-size); the ε spent for it (:func:`d3p.accounting.accounting_for`) is
+        shown in the progress bar and attached to the result. Public checks only: a
+        ``ValueError`` if the model's plate declares another ``N``; a ``UserWarning`` if
+        the noise will dominate or ``target_delta >= 1 / N``. Details: docs/privacy.md.
 
         :param rng_key: a key of the PRNG suite (``d3p.random.PRNGKey()``, or a JAX
             key: :func:`d3p.random.as_key`): step
             ``i``'s batch, noise and Monte Carlo draws come from it and ``i``
             alone (not from ``init_state``'s key); use a key for one release
             (the ledger and a checkpoint refuse a repeat of its steps).
-        :param int num_steps: number of steps, ``>= 1``.
+        :param int num_steps: number of steps, ``>= 1``; or None:
+            :data:`d3p._run_plan.CHOSEN_NUM_STEPS` (2,000; said).
         :param args: the FULL data set, one row per record (``N`` rows); ``kwargs`` likewise.
         :param int batch_size: the (expected) batch size, or give ``q``, or neither:
             all the data at every step with ``dp_scale`` given, nearly all asking for ε (printed).
@@ -528,6 +539,7 @@ class DPSVI(SVI):
         :param init_data: public records to initialise on (default: placeholders).
         :param float average: the share in [0, 1) of the last steps whose parameters
             are averaged into ``params`` (post-processing); ``state`` is the last.
+            Default None: 0.5 with the optimizer d3p chose (``optim=None``), else 0.
         :return: :class:`DPSVIRunResult` ``(params, state, losses)`` with the privacy
             spent (``epsilon``, ``delta``, ``sigma``, ``q``, ...); the losses are NOT private.
         """

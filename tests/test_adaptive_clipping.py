@@ -393,3 +393,45 @@ def test_default_count_noise_accepts_what_fixed_clipping_accepts():
     assert adaptive.epsilon <= 0.3 and adaptive.epsilon == pytest.approx(fixed.epsilon, rel=1e-6)
     with pytest.raises(ValueError, match="count_noise"):
         _svi(dp_scale=None, N=N_RUN, count_noise=0.4).run(key, 20, data, **kw)
+
+
+# ------------------------------------ the learning rate from the count's noise (learning_rate=None)
+
+
+def test_learning_rate_from_the_noise_is_its_closed_form():
+    settings = AdaptiveClipping(target_quantile=0.98, learning_rate=None)
+    # s = σ_b / B_e = 0.5: η = 2 · 0.25 · 0.02 / 0.25 = 0.04; small noise: the cap 0.2; none: the cap
+    assert _adaptive.learning_rate(settings, 50.0, 100.0) == pytest.approx(0.04, rel=1e-12)
+    assert _adaptive.learning_rate(settings, 1.0, 100.0) == 0.2
+    assert _adaptive.learning_rate(settings, 0.0, 100.0) == 0.2
+    for count_noise in (50.0, 1.0, 0.0):   # the same where σ (so σ_b) is traced in run's steps
+        traced = _adaptive.learning_rate(settings, jnp.float32(count_noise), 100.0)
+        assert float(traced) == pytest.approx(_adaptive.learning_rate(settings, count_noise, 100.0), rel=1e-6)
+    assert _adaptive.learning_rate(AdaptiveClipping(learning_rate=0.3), 50.0, 100.0) == 0.3   # given: kept
+    assert _adaptive.chosen(None, None).learning_rate is None   # C chosen for the user gets the rule
+
+
+def _log_excess(settings, s, steps=200_000, seed=0):
+    """Mean ``log(C / max norm)`` over the last 90 % of a run of the update
+    rule on records whose norms are uniform on (0, 1], the estimated fraction
+    ``F(C) + s z`` (the count's noise ``s B_e``, B_e = 100)."""
+    settings = settings._replace(min_threshold=1e-3, max_threshold=1e3)
+    z = jax.random.normal(jax.random.PRNGKey(seed), (steps,))
+
+    def step(C, z):
+        C = _adaptive.next_threshold(C, jnp.minimum(C, 1.0) + s * z, settings, jnp.float32(s * 100.0), 100.0)
+        return C, jnp.log(C)
+
+    _, logs = jax.lax.scan(step, jnp.float32(1.0), z)
+    return float(jnp.mean(logs[steps // 10:]))
+
+
+def test_learning_rate_from_the_noise_keeps_c_near_its_quantile():
+    """At the 0.98 quantile with a noisy count (s = 0.5), the paper's η = 0.2
+    lets C wander far above every norm (at most about η s² / (2 (1 - γ)) =
+    1.25 nats; 1.0 measured); the rule keeps it within DRIFT_SCALE = 0.25."""
+    rule = _log_excess(AdaptiveClipping(0.98, None), 0.5)
+    fixed = _log_excess(AdaptiveClipping(0.98, 0.2), 0.5)
+    assert 0.05 < rule < 0.25 and fixed > 0.8, (rule, fixed)
+    # with little noise the rule is the paper's rate, and C settles near the 0.98 quantile
+    assert abs(_log_excess(AdaptiveClipping(0.98, None), 0.01, steps=20_000)) < 0.05

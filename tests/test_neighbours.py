@@ -287,7 +287,7 @@ def update_release(stepper, data, relation):
     # subtraction above): a few float32 roundings of |old| + |new| per entry
     size = math.sqrt(sum(float(np.sum((np.abs(as64(a)) + np.abs(as64(b))) ** 2))
                          for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new))))
-    if stepper.svi.formulation == "aligned":
+    if stepper.svi.formulation_choice == "aligned":   # asked for, or what "auto" chose
         # the release is the sum over the guide's draw loc + scale * eps: the
         # location's step is that release (its Jacobian is the identity); the
         # scale's is the same vector times the draw's eps (post-processing)
@@ -350,17 +350,18 @@ def test_update_slow(kind, relation, base, method, jitted):
 
 
 #: DPSVI's formulations besides the default (``"auto"``, which is
-#: ``"own_sample"`` here, in the tables above): the model's prior and guide
-#: terms (the global site ``w``) inside each record's clipped ELBO
+#: ``"aligned"`` here, in the tables above: the records' gradients taken for
+#: the guide's draw shared by the batch): the model's prior and guide terms
+#: (the global site ``w``) inside each record's clipped ELBO
 #: (``"per_record"``), or added once per step after the noise with one guide
-#: draw shared by the batch (``"shared_sample"``), or with the records'
-#: gradients taken for that draw (``"aligned"``); either way the released
-#: sum moves by at most C (2 C substituted).
-OTHER_FORMULATIONS = ("per_record", "shared_sample", "aligned")
+#: draw shared by the batch (``"shared_sample"``) or one per record
+#: (``"own_sample"``); either way the released sum moves by at most C (2 C
+#: substituted).
+OTHER_FORMULATIONS = ("per_record", "shared_sample", "own_sample")
 
 
 @pytest.mark.parametrize("formulation, relation", [("per_record", "substitute"), ("shared_sample", "mask"),
-                                                   ("aligned", "substitute")])
+                                                   ("own_sample", "substitute")])
 @pytest.mark.parametrize("kind", ["x_nan", "x_1e30"])
 def test_update_other_formulations(kind, relation, formulation):
     """(One compiled step each; the slow step runs every kind, relation and base.)"""

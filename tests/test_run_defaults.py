@@ -177,15 +177,15 @@ def test_without_a_clipping_threshold_c_is_chosen_by_adaptive_clipping_and_run_s
     xs = np.linspace(-1.0, 3.0, N).astype(np.float32)
     chosen = normal_mean_svi(N=N)   # neither C nor σ: run(epsilon=...) chooses both
     assert chosen.clipping_chosen and chosen.clipping_threshold == 1.0
-    assert chosen.adaptive_clipping == AdaptiveClipping(0.98, 0.2, None, 1e-3, 1e3)
-    explicit = normal_mean_svi(clipping_threshold=1.0, adaptive_clipping=AdaptiveClipping(target_quantile=0.98),
-                               N=N)
+    assert chosen.adaptive_clipping == AdaptiveClipping(0.98, None, None, 1e-3, 1e3)   # η from the noise
+    explicit = normal_mean_svi(clipping_threshold=1.0, N=N,
+                               adaptive_clipping=AdaptiveClipping(target_quantile=0.98, learning_rate=None))
     assert not explicit.clipping_chosen
     with caplog.at_level(logging.INFO, logger="d3p"):
         got = chosen.run(d3p.random.PRNGKey(4), 20, xs, batch_size=20, epsilon=2.0, delta=1e-5,
                          progress_bar=False)
     said = [r.getMessage() for r in caplog.records if "clipping_threshold" in r.getMessage()]
-    assert len(said) == 1 and "0.98 quantile" in said[0] and "from C = 1" in said[0]
+    assert len(said) == 1 and "0.98 quantile" in said[0] and "from C = 1" in said[0] and "noise" in said[0]
     # exactly the documented adaptive clipping, whose privacy is tested on its own (test_adaptive_clipping.py)
     want = explicit.run(d3p.random.PRNGKey(4), 20, xs, batch_size=20, epsilon=2.0, delta=1e-5,
                         progress_bar=False)
@@ -206,3 +206,78 @@ def test_without_a_clipping_threshold_c_is_chosen_by_adaptive_clipping_and_run_s
 def test_without_a_clipping_threshold_what_cannot_choose_c_is_refused(kwargs, error, match):
     with pytest.raises(error, match=match):
         normal_mean_svi(N=N, **kwargs)
+
+
+# ------------------------------- the optimizer, its averaging and the number of steps chosen
+
+
+def _said(caplog, text):
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+def test_without_an_optimizer_adam_at_the_chosen_step_size_and_averaging(caplog):
+    """``DPSVI(model, guide, loss=...)``: numpyro's Adam at the documented step
+    size, and run averages the last half of its steps; bit for bit the run
+    with those settings given, and said once."""
+    import logging
+
+    import numpyro
+    from numpyro.infer import Trace_ELBO
+    from numpyro.infer.autoguide import AutoDiagonalNormal
+
+    from d3p.svi import DPSVI
+
+    from _normal_mean import model
+
+    chosen = DPSVI(model, AutoDiagonalNormal(model), loss=Trace_ELBO(), clipping_threshold=1.0, dp_scale=2.0, N=N)
+    assert chosen.optim_chosen and _run_plan.CHOSEN_STEP_SIZE == 0.05 and _run_plan.CHOSEN_AVERAGE == 0.5
+    explicit = normal_mean_svi(clipping_threshold=1.0, dp_scale=2.0, N=N)   # Adam(0.05), given
+    assert not explicit.optim_chosen
+    key = d3p.random.PRNGKey(3)
+    with caplog.at_level(logging.INFO, logger="d3p"):
+        got = chosen.run(key, T, XS, batch_size=8, target_delta=1e-4, progress_bar=False)
+    said = _said(caplog, "no optimizer given")
+    assert len(said) == 1 and "step size 0.05 " in said[0] and "50%" in said[0]
+    assert got.averaged_steps == T // 2
+    want = explicit.run(key, T, XS, batch_size=8, target_delta=1e-4, progress_bar=False, average=0.5)
+    for a, b in zip(jax.tree.leaves((got.params, got.state)), jax.tree.leaves((want.params, want.state))):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    # a user's optimizer: no averaging unless asked for (the step size is theirs), and nothing said
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="d3p"):
+        own = explicit.run(key, T, XS, batch_size=8, target_delta=1e-4, progress_bar=False)
+    assert own.averaged_steps == 0 and not _said(caplog, "no optimizer given")
+    # the chosen averaging can be overridden
+    assert chosen.run(key, T, XS, batch_size=8, target_delta=1e-4, progress_bar=False,
+                      average=0.0).averaged_steps == 0
+
+
+def test_without_num_steps_run_takes_the_chosen_number_and_says_so(svi, caplog):
+    import logging
+
+    key = d3p.random.PRNGKey(5)
+    with caplog.at_level(logging.INFO, logger="d3p"):
+        got = svi.run(key, None, XS, batch_size=8, target_delta=1e-4, progress_bar=False)
+    said = _said(caplog, "no num_steps given")
+    assert _run_plan.CHOSEN_NUM_STEPS == 2000 and len(said) == 1 and "2,000 steps" in said[0]
+    assert got.num_steps == 2000 and len(got.losses) == 2000
+    want = svi.run(key, 2000, XS, batch_size=8, target_delta=1e-4, progress_bar=False)
+    assert got.epsilon == want.epsilon
+    np.testing.assert_array_equal(got.params["auto_loc"], want.params["auto_loc"])
+
+
+@pytest.mark.parametrize("value", [0, 2.5, "100", True])
+def test_num_steps_is_validated(svi, value):
+    with pytest.raises((ValueError, TypeError), match="num_steps"):
+        svi.run(d3p.random.PRNGKey(0), value, XS, batch_size=8, progress_bar=False)
+
+
+def test_the_chosen_step_size_is_bounded_by_the_number_of_parameters():
+    """``min(0.05, 0.4 / sqrt(P))``: 0.05 up to 64 parameters, then smaller (a
+    network's 10,000: 0.004); only shapes are read; refused before it is known."""
+    step_size = _run_plan.ChosenStepSize()
+    with pytest.raises(RuntimeError, match="parameters' shapes"):
+        step_size(0)
+    assert step_size.fit({"a": jnp.zeros(31), "b": jnp.zeros(31)}) == 0.05 == step_size(7)
+    assert step_size.fit({"w": jax.ShapeDtypeStruct((100, 100), jnp.float32)}) == pytest.approx(0.004)
+    assert step_size.fit({"w": jnp.zeros((64, 2))}) == pytest.approx(0.4 / math.sqrt(128))

@@ -184,11 +184,33 @@ def test_formulation_is_validated_and_auto_follows_the_elbo():
     class OwnELBO(Trace_ELBO):   # a subclass may compute its terms otherwise: never split
         pass
 
-    for loss, expected in [(OwnELBO(), "per_record"), (TraceMeanField_ELBO(), "own_sample")]:
+    for loss, expected in [(OwnELBO(), "per_record"), (TraceMeanField_ELBO(), "aligned"),
+                           (Trace_ELBO(), "aligned")]:
         svi = DPSVI(*args, loss, 1.0, 1.0, N=N)
         assert svi.formulation == "auto"
         jax.eval_shape(svi.update, svi.init(d3p.random.PRNGKey(0), xs, ys), xs, ys)
         assert svi.formulation_choice == expected
+
+
+def _discrete_global(xs, ys, N):
+    k = numpyro.sample("k", dist.Bernoulli(0.5))
+    with numpyro.plate("batch", N, subsample_size=xs.shape[0]):
+        numpyro.sample("ys", dist.Bernoulli(logits=xs.sum(-1) * k), obs=ys)
+
+
+def _discrete_global_guide(xs, ys, N):
+    p = numpyro.param("p", 0.5, constraint=dist.constraints.unit_interval)
+    numpyro.sample("k", dist.Bernoulli(p))
+
+
+@pytest.mark.filterwarnings("ignore:Currently, SVI with Trace_ELBO loss does not support")
+def test_auto_is_own_sample_where_a_global_latent_is_not_reparameterised():
+    """"aligned" differentiates through the draw of the global latent
+    variables: with a discrete one "auto" keeps each record's own sample."""
+    xs, ys = data(B=4)
+    svi = DPSVI(_discrete_global, _discrete_global_guide, numpyro.optim.SGD(1.0), Trace_ELBO(), 1.0, 1.0, N=N)
+    jax.eval_shape(svi.update, svi.init(d3p.random.PRNGKey(0), xs, ys), xs, ys)
+    assert svi.formulation_choice == "own_sample"
 
 
 @functools.lru_cache(maxsize=None)

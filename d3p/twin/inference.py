@@ -706,8 +706,9 @@ def _mixture_setup(schema: Schema, plan: _Plan, model, guide, num_components, cl
         the_model, model_spec = _model(schema, model, num_components, plan.num_records)
         the_guide, guide_spec = _guide(the_model, guide)
         optim = numpyro.optim.Adam(cosine_decay(learning_rate, plan.num_steps)) if optimizer is None else optimizer
+        # own_sample: the formulation the twin's figures were measured with (benchmarks/README.md)
         svi = DPSVI(the_model, the_guide, optim, Trace_ELBO(), clipping_threshold=clipping_threshold,
-                    dp_scale=dp_scale, adaptive_clipping=adaptive, N=plan.num_records)
+                    dp_scale=dp_scale, adaptive_clipping=adaptive, N=plan.num_records, formulation="own_sample")
 
         def init(k, x):
             return svi.init(k, x, init_data=(x,))
