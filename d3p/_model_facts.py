@@ -289,20 +289,22 @@ def check_records_plate(svi, svi_state, treedef, records, num_records: int) -> N
 # ---------------------------------------------------- the split of the ELBO
 
 
-def split_facts(svi, params, treedef, leaves) -> tuple:
+def split_facts(svi, params, treedef, leaves, sharded: bool = False) -> tuple:
     """``(formulation, SplitFacts or None)``: ``formulation`` resolved for
     records shaped like ``leaves`` (public: from an abstract trace of one
     record, found once per record structure and parameter shapes).
 
     ``"auto"`` is ``"aligned"`` for NumPyro's ``Trace_ELBO`` and
     ``TraceMeanField_ELBO`` where the guide draws every global latent
-    variable reparameterised (``"own_sample"`` where it does not), else
+    variable reparameterised and the step is not ``sharded`` over a mesh
+    (``"own_sample"`` otherwise: ``"aligned"``'s draw cannot be closed over
+    in ``shard_map`` on explicit axes), else
     ``"per_record"``; and ``"per_record"``, with a warning, where a term
     outside the records plate may read the record, which an explicit split
     formulation refuses."""
     record = one_record(leaves)
     param_structs = _param_structs(params)
-    key = (treedef, record, jax.tree.structure(param_structs), tuple(jax.tree.leaves(param_structs)))
+    key = (treedef, record, jax.tree.structure(param_structs), tuple(jax.tree.leaves(param_structs)), sharded)
     if key in svi._split_facts_cache:
         return svi._split_facts_cache[key]
     formulation = svi.formulation
@@ -313,7 +315,7 @@ def split_facts(svi, params, treedef, leaves) -> tuple:
         plates = records_plates(svi, params, treedef, leaves)
         facts = _elbo_terms.split_facts(svi.loss, svi.model, svi.guide, svi.constrain_fn,
                                         svi.static_kwargs, param_structs, treedef, record, plates)
-        if svi.formulation == "auto" and facts.reparameterized:
+        if svi.formulation == "auto" and facts.reparameterized and not sharded:
             formulation = "aligned"
         if facts.dependent:
             message = (

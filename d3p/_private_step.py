@@ -240,7 +240,7 @@ def step_losses(svi, params, treedef, leaves, scale, key_impl, jax_key):
     ``"per_record"`` or without such sites); and the key of the draw
     shared by the batch (None under ``"per_record"``), from which
     ``record_loss(shared)`` is the loss of one record."""
-    formulation, facts = _model_facts.split_facts(svi, params, treedef, leaves)
+    formulation, facts = _model_facts.split_facts(svi, params, treedef, leaves, sharded=batch_layout(svi) is not None)
     svi.formulation_choice = formulation
     if formulation == "per_record":
         return record_loss_fn(svi, treedef, scale, key_impl), None, None

@@ -168,7 +168,8 @@ class DPSVI(SVI):
         ``"per_record"``: each record's whole ELBO, the global terms weighted
         ``1 / N`` (d3p 0.2); ``"auto"`` (default): ``"aligned"`` for
         ``Trace_ELBO`` and ``TraceMeanField_ELBO`` where the guide draws every
-        global latent variable reparameterised (``"own_sample"`` where not),
+        global latent variable reparameterised (``"own_sample"`` where not,
+        and over a mesh),
         else, or with a warning where a global term may read a record,
         ``"per_record"``. The released
         sum and its sensitivity are the same under all. The one a step uses is
