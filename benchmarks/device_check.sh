@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures of benchmarks/README.md and the default test step on a GPU,
-# in one run of at most about nine minutes (each part has its own time limit).
+# in one run of at most about nine minutes (each part has its own time limit):
+# the step's compile against SVI's (compile.py), per-call and looped step
+# ratios, run()'s marginal step, secure normals, then the tests in the time left.
 #
 # Usage, from the repository root on a machine with a CUDA GPU and JAX for it:
 #     OUT=some/folder benchmarks/device_check.sh
@@ -29,15 +31,16 @@ part() {   # part NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NA
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python3 -c "import jax, numpyro, d3p; print('jax', jax.__version__, 'numpyro', numpyro.__version__, jax.devices())"
 } 2>&1 | tee "$OUT/versions.txt"
-part steps 150 python3 benchmarks/dpsvi_vs_svi.py --models vae logreg hlogreg --strategies auto --suites chacha \
+part compile 110 python3 benchmarks/compile.py --rounds 1
+part steps 110 python3 benchmarks/dpsvi_vs_svi.py --models vae logreg hlogreg --strategies auto --suites chacha \
     --steps 60 --rounds 3
-part steps_loop 100 python3 benchmarks/dpsvi_vs_svi.py --models logreg hlogreg --strategies auto --suites chacha \
+part steps_loop 70 python3 benchmarks/dpsvi_vs_svi.py --models logreg hlogreg --strategies auto --suites chacha \
     --loop 100 --steps 15 --rounds 3
-part noise 60 python3 benchmarks/sampling.py --noise --rounds 20
-part run_marginal 90 python3 benchmarks/run_marginal.py --repeats 3
+part run_marginal 70 python3 benchmarks/run_marginal.py --repeats 3
+part noise 30 python3 benchmarks/sampling.py --noise --rounds 20
 left=$(( 520 - ($(date +%s) - start) ))
 if [ "$left" -gt 60 ]; then
     part tests "$left" python3 -m pytest -q -n 8 -o addopts="" \
-        -m "not slow and not examples" --dist loadscope tests
+        -m "not slow and not examples and not manual" --dist loadscope tests
 fi
 echo "== done at $(( $(date +%s) - start )) s"
