@@ -152,7 +152,12 @@ def _unscaled_message(tr, unscaled) -> str:
 
 
 class _SubsampleCalls(Messenger):
-    """Counts the ``numpyro.subsample`` statements of a model run under it."""
+    """Counts the ``numpyro.subsample`` statements of a model run under it,
+    and gives a plate that subsamples more indices than its size (a constant
+    ``subsample_size`` on a batch of one record) all of its indices, as
+    NumPyro's shuffle does on CPU, so that the checks below name the cause
+    on every backend: elsewhere NumPyro draws subsample indices with
+    ``jax.random.choice``, which raises for such a plate first."""
 
     def __init__(self):
         self.count = 0
@@ -161,6 +166,10 @@ class _SubsampleCalls(Messenger):
     def process_message(self, msg):
         if msg["type"] == "subsample":
             self.count += 1
+        elif msg["type"] == "plate" and msg["value"] is None:
+            size, subsample_size = msg["args"]
+            if isinstance(size, int) and isinstance(subsample_size, int) and subsample_size > size >= 1:
+                msg["value"] = jnp.arange(size)
 
 
 def _check_records_follow_batch(tr, plates: dict) -> None:

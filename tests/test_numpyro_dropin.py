@@ -343,6 +343,29 @@ def test_errors_name_the_real_cause(case, guide):
         assert "could not be initialised" not in str(info.value)
 
 
+@pytest.mark.filterwarnings("ignore:subsample_size does not match")
+@pytest.mark.parametrize("case", ["fixed_subsample_size", "constant_subsample_size"])
+def test_errors_name_the_real_cause_with_numpyro_subsampling_off_cpu(monkeypatch, case):
+    # off the CPU NumPyro draws a plate's subsample with jax.random.choice, which raises on a plate that
+    # subsamples more than its size (found on a GPU: NumPyro's "Cannot take a larger sample" instead of
+    # d3p's message); that path taken here on the CPU
+    import numpyro.primitives
+
+    def choice_path(size, subsample_size, rng_key=None):
+        return jax.random.choice(rng_key, size, (subsample_size,), replace=False)
+
+    monkeypatch.setattr(numpyro.primitives, "_subsample_fn", choice_path)
+    with pytest.raises(ValueError, match="Cannot take a larger sample"):   # the path is the one that raised
+        numpyro.handlers.seed(fixed_subsample_model, 0)(XS[:1])
+    fn, args, message = ERRORS[case]
+    svi = DPSVI(fn, AutoNormal(fn), numpyro.optim.Adam(0.1), loss=Trace_ELBO(), clipping_threshold=1.0,
+                dp_scale=1.0)
+    for call in (lambda: svi.init(jax.random.key(0), *args),
+                 lambda: svi.run(jax.random.key(0), 2, *args, batch_size=4, progress_bar=False)):
+        with pytest.raises((ValueError, TypeError), match=message):
+            call()
+
+
 # ------------------------------------------------- the same parameters as SVI
 
 def _optimizers():
