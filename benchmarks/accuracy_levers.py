@@ -11,7 +11,8 @@ is a comma-separated list of ``key=value`` (``default``: nothing changed):
 - ``lr=η``: Adam at the constant step size η (``avg``: the share of the last
   steps averaged, default 0.5);
 - ``sched=f``: Adam at d3p's chosen step size η₀ decayed along a cosine to
-  ``f η₀`` over the run (``avg`` as above);
+  ``f η₀`` over the run, or over its last ``1 − h`` share with ``hold=h``
+  (``avg`` as above);
 - ``C=c``: a fixed clipping threshold; ``quant=γ``: adaptive clipping to the
   γ quantile (from C = 1, the learning rate d3p sets).
 
@@ -54,9 +55,11 @@ from d3p import _run_plan  # noqa: E402
 from d3p.svi import AdaptiveClipping, DPSVI  # noqa: E402
 
 
-def _cosine(step_size, num_steps, final):
+def _cosine(step_size, num_steps, final, hold=0.0):
+    """The step size held for the first ``hold`` share of the steps, then
+    decayed along a cosine to ``final`` times itself at the last step."""
     def schedule(i):
-        t = jnp.minimum(i, num_steps) / num_steps
+        t = jnp.clip((i - hold * num_steps) / ((1 - hold) * num_steps), 0, 1)
         return step_size * (final + (1 - final) * 0.5 * (1 + jnp.cos(jnp.pi * t)))
     return schedule
 
@@ -70,12 +73,13 @@ def _chosen_step_size(p):
 def variant(p, name):
     """``(DPSVI, run keywords)`` of the variant ``name`` (the module's docstring)."""
     parts = dict(item.split("=") for item in name.split(",") if "=" in item)
-    unknown = set(parts) - {"lr", "sched", "avg", "C", "quant"}
+    unknown = set(parts) - {"lr", "sched", "hold", "avg", "C", "quant"}
     if unknown:
         raise ValueError(f"unknown variant keys {sorted(unknown)} in {name!r}")
     optim, kw = None, {}
     if "sched" in parts:
-        optim = numpyro.optim.Adam(_cosine(_chosen_step_size(p), _run_plan.CHOSEN_NUM_STEPS, float(parts["sched"])))
+        optim = numpyro.optim.Adam(_cosine(_chosen_step_size(p), _run_plan.CHOSEN_NUM_STEPS, float(parts["sched"]),
+                                           float(parts.get("hold", 0.0))))
     elif "lr" in parts:
         optim = numpyro.optim.Adam(float(parts["lr"]))
     if optim is not None:

@@ -52,6 +52,8 @@ __all__ = [
     "noisy_fraction",
     "next_threshold",
     "learning_rate",
+    "noise_ratio",
+    "target_quantile",
 ]
 
 #: The count's default share of the step's privacy: with ``count_noise`` not
@@ -63,8 +65,19 @@ COUNT_SHARE = 0.1
 BOUND_FACTOR = 1000.0
 #: ``C`` chosen for the user (``DPSVI`` without ``clipping_threshold``, asking
 #: ``run`` for an ε): adaptive clipping to this quantile of the per-record
-#: gradient norms (benchmarks/README.md, "C chosen by adaptive clipping").
+#: gradient norms where the noise is small (benchmarks/README.md, "C chosen by
+#: adaptive clipping") ...
 CHOSEN_QUANTILE = 0.98
+#: ... and to this one where it is large (:func:`target_quantile`): the
+#: noise's share of the error outweighs the bias of clipping more records.
+NOISY_QUANTILE = 0.9
+#: The noise ratio ``ρ = σ sqrt(P) / B_e`` (the norm of a step's noise against
+#: the largest possible clipped sum, ``B_e C``) up to which the quantile chosen
+#: is :data:`CHOSEN_QUANTILE`, and from which it is :data:`NOISY_QUANTILE`;
+#: between them ``γ`` falls linearly in ``log ρ``. Measured: ``ρ`` of 0.035 to
+#: 0.107 preferred 0.98, of 0.24 to 3.0 preferred 0.9 (benchmarks/README.md,
+#: "The quantile chosen from the noise").
+NOISE_RATIO_LOW, NOISE_RATIO_HIGH = 0.1, 0.25
 #: ... starting from this ``C``.
 CHOSEN_FIRST_THRESHOLD = 1.0
 #: The learning rate ``η`` with ``learning_rate=None`` (what ``C`` chosen gets)
@@ -136,7 +149,9 @@ class AdaptiveClipping(NamedTuple):
     :mod:`d3p._adaptive` and the privacy guide).
 
     - **target_quantile** - ``γ`` in (0, 1); default 0.5 (the median, the
-      paper's choice).
+      paper's choice). None: chosen from the noise ratio ``ρ = σ sqrt(P) /
+      B_e`` (:func:`target_quantile`: 0.98 where ``ρ <= 0.1``, 0.9 where
+      ``ρ >= 0.25``); what ``C`` chosen for the user gets.
     - **learning_rate** - ``η > 0`` of the geometric update; default 0.2 (the
       paper's choice; without noise ``C`` changes by at most a factor
       ``e^{η max(γ, 1 - γ)}`` per step). None: from the count's noise,
@@ -164,7 +179,7 @@ class AdaptiveClipping(NamedTuple):
       the estimate use public constants only (never the realised count).
     """
 
-    target_quantile: float = 0.5
+    target_quantile: Optional[float] = 0.5
     learning_rate: Optional[float] = 0.2
     count_noise: Optional[float] = None
     min_threshold: Optional[float] = None
@@ -201,32 +216,64 @@ def chosen(value, clipping_threshold):
     """``DPSVI``'s ``adaptive_clipping`` argument where the user gave no
     ``clipping_threshold`` (then :data:`CHOSEN_FIRST_THRESHOLD` is the first
     ``C``): the user's adaptive clipping, else adaptive clipping to the
-    :data:`CHOSEN_QUANTILE` quantile; with a ``clipping_threshold``, ``value``."""
+    quantile :func:`target_quantile` chooses from the noise; with a
+    ``clipping_threshold``, ``value``."""
     if clipping_threshold is not None:
         return value
     if value is False:
         raise TypeError("Expected clipping_threshold with adaptive_clipping=False: without it C is chosen by "
                         "adaptive clipping.")
-    return AdaptiveClipping(target_quantile=CHOSEN_QUANTILE, learning_rate=None) if value is None else value
+    return AdaptiveClipping(target_quantile=None, learning_rate=None) if value is None else value
 
 
-def learning_rate(settings: "AdaptiveClipping", count_noise, expected_batch_size):
+def noise_ratio(sigma, num_params: int, expected_batch_size: float):
+    """``ρ = σ sqrt(P) / B_e``: the expected norm of a step's Gaussian noise
+    (noise multiplier ``σ`` on ``P`` parameters) against the largest clipped
+    sum, ``B_e C`` (public facts; an array where ``σ`` is traced)."""
+    return sigma * math.sqrt(max(num_params, 1)) / expected_batch_size
+
+
+def target_quantile(settings: "AdaptiveClipping", sigma=None, num_params=None, expected_batch_size=None):
+    """``γ`` of ``settings``: its ``target_quantile``, or for None
+    :data:`CHOSEN_QUANTILE` where the noise ratio ``ρ`` (:func:`noise_ratio`
+    of the gradient's noise multiplier ``sigma``, ``num_params`` and
+    ``expected_batch_size``) is at most :data:`NOISE_RATIO_LOW`,
+    :data:`NOISY_QUANTILE` where it is at least :data:`NOISE_RATIO_HIGH`, and
+    linear in ``log ρ`` between them. A number, or a 0-d array where ``sigma``
+    is traced (a run at another ε compiles nothing). Public facts only."""
+    if settings.target_quantile is not None:
+        return settings.target_quantile
+    rho = noise_ratio(sigma, num_params, expected_batch_size)
+    span = math.log(NOISE_RATIO_HIGH / NOISE_RATIO_LOW)
+    if isinstance(rho, jax.Array):
+        share = jnp.clip(jnp.log(jnp.maximum(rho, NOISE_RATIO_LOW) / NOISE_RATIO_LOW) / span, 0.0, 1.0)
+    else:
+        share = min(max(math.log(max(rho, NOISE_RATIO_LOW) / NOISE_RATIO_LOW) / span, 0.0), 1.0)
+    return CHOSEN_QUANTILE - (CHOSEN_QUANTILE - NOISY_QUANTILE) * share
+
+
+def learning_rate(settings: "AdaptiveClipping", count_noise, expected_batch_size, gamma=None):
     """``η`` of ``settings``: its ``learning_rate``, or for None
     ``min(RATE_CAP, 2 DRIFT_SCALE (1 - γ) / s²)``, ``s = count_noise /
-    expected_batch_size`` (a number, or an array where ``count_noise`` is
-    traced). Public facts only."""
+    expected_batch_size`` (a number, or an array where ``count_noise`` or
+    ``gamma`` is traced), ``γ``: ``gamma``, else the settings'. Public facts only."""
     if settings.learning_rate is not None:
         return settings.learning_rate
-    limit = 2.0 * DRIFT_SCALE * (1.0 - settings.target_quantile) * expected_batch_size**2
-    if isinstance(count_noise, jax.Array):
+    gamma = settings.target_quantile if gamma is None else gamma
+    limit = 2.0 * DRIFT_SCALE * (1.0 - gamma) * expected_batch_size**2
+    if isinstance(count_noise, jax.Array) or isinstance(limit, jax.Array):
         return jnp.minimum(RATE_CAP, limit / jnp.maximum(count_noise**2, limit / RATE_CAP))
     return RATE_CAP if count_noise == 0 else min(RATE_CAP, limit / count_noise**2)
 
 
-def describe_chosen(settings: "AdaptiveClipping") -> str:
-    """What ``run`` says when it chose ``C`` (:func:`chosen`)."""
-    return (f"d3p: no clipping_threshold given: C follows a private estimate of the {settings.target_quantile:g} "
-            f"quantile of the per-record gradient norms, from C = {CHOSEN_FIRST_THRESHOLD:g} (adaptive "
+def describe_chosen(settings: "AdaptiveClipping", gamma: float, rho: float) -> str:
+    """What ``run`` says when it chose ``C`` (:func:`chosen`): ``gamma`` the
+    quantile and ``rho`` the noise ratio of the run (:func:`target_quantile`)."""
+    why = "" if settings.target_quantile is not None else (
+        f" (chosen from the noise: σ sqrt(parameters) / expected batch size = {rho:.3g}; "
+        f"{CHOSEN_QUANTILE:g} up to {NOISE_RATIO_LOW:g}, {NOISY_QUANTILE:g} from {NOISE_RATIO_HIGH:g})")
+    return (f"d3p: no clipping_threshold given: C follows a private estimate of the {gamma:.3g} "
+            f"quantile of the per-record gradient norms{why}, from C = {CHOSEN_FIRST_THRESHOLD:g} (adaptive "
             f"clipping; its counts take {COUNT_SHARE:.0%} of each step's privacy, within the ε asked; its "
             f"learning rate is at most {RATE_CAP:g}, less where the count's noise is large)")
 
@@ -249,8 +296,8 @@ def resolve(value, clipping_threshold: float, *, noise: str = "gaussian", mesh=N
     if mesh is not None:
         raise ValueError("Expected mesh=None with adaptive_clipping, got a mesh: adaptive clipping runs on one "
                          "device (its count over the records is not sharded).")
-    gamma = _validate.number("target_quantile", value.target_quantile, low=0.0, high=1.0, low_open=True,
-                             high_open=True)
+    gamma = None if value.target_quantile is None else _validate.number(
+        "target_quantile", value.target_quantile, low=0.0, high=1.0, low_open=True, high_open=True)
     eta = None if value.learning_rate is None else _validate.positive("learning_rate", value.learning_rate)
     count_noise = None if value.count_noise is None else _validate.non_negative("count_noise", value.count_noise)
     if not math.isfinite(clipping_threshold):
@@ -306,12 +353,14 @@ def noisy_fraction(norms, mask, clipping_threshold, count_noise: float, expected
 
 
 def next_threshold(clipping_threshold, fraction, settings: AdaptiveClipping, count_noise=None,
-                   expected_batch_size=None) -> jax.Array:
+                   expected_batch_size=None, gamma=None) -> jax.Array:
     """``clip(C exp(-η (b̃ - γ)), C_min, C_max)`` of the resolved ``settings``
     (post-processing of the released ``fraction`` b̃), in ``C``'s dtype; ``η``:
     :func:`learning_rate` (``count_noise`` and ``expected_batch_size`` are
-    read only for ``learning_rate=None``)."""
+    read only for ``learning_rate=None``); ``γ``: ``gamma``
+    (:func:`target_quantile`), else the settings' ``target_quantile``."""
     C = jnp.asarray(clipping_threshold)
-    eta = learning_rate(settings, count_noise, expected_batch_size)
-    step = jnp.exp(-eta * (fraction - settings.target_quantile))
+    gamma = settings.target_quantile if gamma is None else gamma
+    eta = learning_rate(settings, count_noise, expected_batch_size, gamma)
+    step = jnp.exp(-eta * (fraction - gamma))
     return jnp.clip(C * step.astype(C.dtype), settings.min_threshold, settings.max_threshold).astype(C.dtype)

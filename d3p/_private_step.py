@@ -197,7 +197,18 @@ def next_threshold(svi, svi_state, result, mask, C, expected_batch_size, count_k
     count_noise = settings.count_std(sigma)
     fraction = _adaptive.noisy_fraction(result.norms, mask, C, count_noise, expected_batch_size, count_key,
                                         svi.rng_suite)
-    return _adaptive.next_threshold(C, fraction, settings, count_noise, expected_batch_size)
+    gamma = _adaptive.target_quantile(settings, sigma, num_params(svi, svi_state), expected_batch_size)
+    return _adaptive.next_threshold(C, fraction, settings, count_noise, expected_batch_size, gamma)
+
+
+def num_params(svi, svi_state) -> int:
+    """The number of the optimizer's parameters (public: their shapes)."""
+    return count_parameters(svi.optim.get_params(svi_state.optim_state))
+
+
+def count_parameters(params) -> int:
+    """The number of values in the pytree ``params`` (their shapes only)."""
+    return sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(params))
 
 
 def threshold_bound(svi) -> Optional[float]:

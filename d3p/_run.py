@@ -265,8 +265,6 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         _say(message, progress_bar)
     if batch_size is None and q is None:
         _say(_run_plan.describe_choice(plan.sampler), progress_bar)
-    if svi.clipping_chosen and svi.adaptive_clipping is not None:
-        _say(_adaptive.describe_chosen(svi.adaptive_clipping), progress_bar)
     given = svi.dp_scale
     svi.dp_scale = plan.sigma   # for this run (its steps take σ as an argument or a constant); restored below
     try:
@@ -303,6 +301,8 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         if svi.optim_chosen:   # its step size from the parameters' number (public)
             step_size = svi._chosen_step_size.fit(svi.optim.get_params(svi_state.optim_state))
             _say(_run_plan.describe_optimizer(step_size, average), progress_bar)
+        if svi.clipping_chosen and svi.adaptive_clipping is not None:   # its quantile from the noise (public)
+            _say(_describe_clipping(svi, svi_state, plan), progress_bar)
 
         average_from = jnp.uint32(start_step + _averaging_start(average, num_steps))
 
@@ -330,6 +330,14 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         return result
     finally:
         svi.dp_scale = given
+
+
+def _describe_clipping(svi, svi_state, plan) -> str:
+    """What ``run`` says of the adaptive clipping it chose: the quantile for
+    this run's σ, number of parameters and expected batch size."""
+    args = (plan.sigma, _private_step.num_params(svi, svi_state), plan.sampler.expected_batch_size)
+    return _adaptive.describe_chosen(svi.adaptive_clipping, _adaptive.target_quantile(svi.adaptive_clipping, *args),
+                                     _adaptive.noise_ratio(*args))
 
 
 def step_keys(rng_suite, rng_key):

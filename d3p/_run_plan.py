@@ -15,9 +15,6 @@ facts only: σ, C, q, the number of steps and records, δ.
 import math
 from typing import Any, NamedTuple, Optional
 
-import jax
-import jax.numpy as jnp
-
 from d3p import _adaptive, _private_step, _sampling, _validate, accounting
 from d3p._state import DPSVIRunResult
 from d3p.ledger import GaussianSteps
@@ -79,7 +76,7 @@ class ChosenStepSize:
         self.value = None
 
     def fit(self, params) -> float:
-        size = sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(params))
+        size = _private_step.count_parameters(params)
         self.value = min(CHOSEN_STEP_SIZE, CHOSEN_STEP_NORM / math.sqrt(max(size, 1)))
         return self.value
 

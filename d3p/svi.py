@@ -104,8 +104,10 @@ class DPSVI(SVI):
     :param float clipping_threshold: ``C > 0``, finite; ``inf`` only together
         with ``dp_scale=0`` (no privacy, for testing). Or None (default)
         together with ``dp_scale=None``: ``C`` is chosen, by adaptive
-        clipping to the 0.98 quantile of the per-record gradient norms from
-        ``C = 1`` (or the ``adaptive_clipping`` given), within the ε asked
+        clipping from ``C = 1`` to the 0.98 quantile of the per-record
+        gradient norms, or the 0.9 quantile where the noise is large
+        (:func:`d3p._adaptive.target_quantile`; or the
+        ``adaptive_clipping`` given), within the ε asked
         of :meth:`run` (``run`` says so; docs/privacy.md, "Without a
         clipping threshold, C is chosen").
     :param float dp_scale: the noise multiplier ``sigma >= 0``

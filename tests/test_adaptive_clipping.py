@@ -162,6 +162,39 @@ def test_update_rule_by_hand():
     assert float(step(state).clipping_threshold) == pytest.approx(1.1, rel=1e-7)   # 1.06² = 1.13 > 1.1
 
 
+def _quantile_by_hand(rho):
+    # the documented rule: 0.98 up to a noise ratio of 0.1, 0.9 from 0.25, linear in log(ratio) between
+    return float(np.interp(np.log(rho), [np.log(0.1), np.log(0.25)], [0.98, 0.9]))
+
+
+@pytest.mark.parametrize("sigma", [0.05, 0.2, 0.3, 0.5, 2.0])
+def test_the_quantile_chosen_from_the_noise_by_hand(sigma):
+    settings = AdaptiveClipping(target_quantile=None, learning_rate=None)
+    P, B = 4, 5.0
+    rho = sigma * math.sqrt(P) / B
+    assert _adaptive.noise_ratio(sigma, P, B) == pytest.approx(rho, rel=1e-12)
+    want = _quantile_by_hand(rho)
+    assert _adaptive.target_quantile(settings, sigma, P, B) == pytest.approx(want, abs=1e-12)
+    traced = jax.jit(lambda s: _adaptive.target_quantile(settings, s, P, B))(jnp.float32(sigma))
+    assert float(traced) == pytest.approx(want, abs=1e-6)
+    # a user's quantile is theirs, whatever the noise
+    assert _adaptive.target_quantile(settings._replace(target_quantile=0.7), sigma, P, B) == 0.7
+
+
+@pytest.mark.parametrize("sigma", [0.2, 0.5, 1.0])
+def test_update_follows_the_quantile_chosen_from_the_noise(sigma):
+    """``target_quantile=None``: one step moves C by ``exp(-η (b̃ - γ))`` with
+    ``γ`` from ``ρ = σ sqrt(P) / B_e`` (P = 4 parameters, B_e = 5): 0.98,
+    about 0.92 and 0.9 here."""
+    svi = _svi(C=1.0, dp_scale=sigma, count_noise=0.0, learning_rate=0.3, target_quantile=None)
+    xs = _rows([0.5, 0.25, 2.0, 3.0, 0.1])
+    state = svi.init(d3p.random.debug.PRNGKey(0), xs)
+    state = jax.jit(lambda s: svi.update(s, xs, expected_batch_size=5.0)[0])(state)
+    fraction = (3 - 5 / 2) / 5 + 0.5
+    gamma = _quantile_by_hand(sigma * 2 / 5.0)
+    assert float(state.clipping_threshold) == pytest.approx(math.exp(-0.3 * (fraction - gamma)), rel=1e-6)
+
+
 def _toy_run(svi, xs, num_steps):
     state = svi.init(d3p.random.debug.PRNGKey(0), xs)
 

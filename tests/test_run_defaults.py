@@ -177,15 +177,20 @@ def test_without_a_clipping_threshold_c_is_chosen_by_adaptive_clipping_and_run_s
     xs = np.linspace(-1.0, 3.0, N).astype(np.float32)
     chosen = normal_mean_svi(N=N)   # neither C nor σ: run(epsilon=...) chooses both
     assert chosen.clipping_chosen and chosen.clipping_threshold == 1.0
-    assert chosen.adaptive_clipping == AdaptiveClipping(0.98, None, None, 1e-3, 1e3)   # η from the noise
+    assert chosen.adaptive_clipping == AdaptiveClipping(None, None, None, 1e-3, 1e3)   # γ and η from the noise
     explicit = normal_mean_svi(clipping_threshold=1.0, N=N,
-                               adaptive_clipping=AdaptiveClipping(target_quantile=0.98, learning_rate=None))
+                               adaptive_clipping=AdaptiveClipping(target_quantile=None, learning_rate=None))
     assert not explicit.clipping_chosen
     with caplog.at_level(logging.INFO, logger="d3p"):
         got = chosen.run(d3p.random.PRNGKey(4), 20, xs, batch_size=20, epsilon=2.0, delta=1e-5,
                          progress_bar=False)
     said = [r.getMessage() for r in caplog.records if "clipping_threshold" in r.getMessage()]
-    assert len(said) == 1 and "0.98 quantile" in said[0] and "from C = 1" in said[0] and "noise" in said[0]
+    assert len(said) == 1 and "from C = 1" in said[0] and "noise" in said[0]
+    # σ sqrt(P) / B_e of the gradient's noise multiplier (σ_eff / sqrt(0.9): the count takes a tenth of the
+    # step's precision), P = 2 (the normal mean's loc and scale)
+    rho = got.sigma / math.sqrt(0.9) * math.sqrt(2) / 20
+    gamma = float(np.interp(np.log(rho), [np.log(0.1), np.log(0.25)], [0.98, 0.9]))
+    assert f"the {gamma:.3g} quantile" in said[0] and f"= {rho:.3g};" in said[0], said[0]
     # exactly the documented adaptive clipping, whose privacy is tested on its own (test_adaptive_clipping.py)
     want = explicit.run(d3p.random.PRNGKey(4), 20, xs, batch_size=20, epsilon=2.0, delta=1e-5,
                         progress_bar=False)
