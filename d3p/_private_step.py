@@ -144,7 +144,7 @@ def warn_if_all_noise(svi, batch_size, stacklevel: int, sigma: Optional[float] =
 
 def discrete_plan(svi, params) -> "discrete.DiscretePlan":
     """See :meth:`DPSVI.discrete_plan`: kept per σ, C and parameter count."""
-    num_params = sum(int(np.size(x)) for x in jax.tree.leaves(params))
+    num_params = count_parameters(params)
     key = (noise_multiplier(svi), svi.clipping_threshold, num_params)
     if key not in svi._discrete_plans:
         svi._discrete_plans[key] = discrete.discrete_plan(svi.dp_scale, svi.clipping_threshold, num_params)
