@@ -22,6 +22,7 @@ import pytest
 import d3p.random
 from d3p import _private_step, _run as run_module
 
+from _backend import cpu_default
 from _normal_mean import normal_mean_svi
 
 N, T, B = 40, 6, 10
@@ -196,6 +197,7 @@ def _lengths_run(svi):
     return first, svi.run(key, 3, XS, batch_size=B, progress_bar=True, init_state=first.state, start_step=6)
 
 
+@cpu_default
 def test_on_cpu_runs_of_any_number_of_steps_share_one_program(monkeypatch):
     monkeypatch.setattr(run_module, "_CHUNK_STEPS", 4)   # 6 steps without the bar: chunks of 4 and 2
     svi = normal_mean_svi(clipping_threshold=1.0, dp_scale=1.0, N=N)
@@ -216,6 +218,7 @@ def test_on_cpu_runs_of_any_number_of_steps_share_one_program(monkeypatch):
     assert not np.isnan(np.asarray(results[0].losses)).any()   # no entry of the chunk's buffer beyond its steps
 
 
+@cpu_default
 def test_the_number_of_steps_is_an_argument_on_cpu_only(monkeypatch):
     svi = normal_mean_svi(clipping_threshold=1.0, dp_scale=1.0, N=N)
     assert run_module._steps_traced(svi)   # JAX's default device here: a CPU

@@ -30,6 +30,8 @@ from d3p._paper_models import (
 from d3p.gradients import STRATEGIES, choose_strategy, clipped_grad_sum
 from d3p.svi import DPSVI
 
+from _backend import cpu_default
+
 RTOL = 1e-5
 # the margin of float32 sums documented in d3p.gradients: records are clipped to C (1 - ETA)
 ETA = 2.0**-7
@@ -691,6 +693,7 @@ def test_clip_gradient_total_norm_and_noise_use_the_shared_primitives(monkeypatc
     assert std_calls == ["noise_std"]
 
 
+@cpu_default
 def test_the_default_memory_budget_is_64_mib_on_cpu_and_1_gib_elsewhere(monkeypatch):
     # 4096 float32 gradient entries per record: the budget sets the chunks
     def elementwise_loss(p, r):

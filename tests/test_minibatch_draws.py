@@ -18,6 +18,7 @@ from d3p import minibatch
 from d3p.minibatch import FixedSizeSampler, PoissonSampler
 
 import _lowered
+from _backend import cpu_default
 
 SENTINEL = 2**31 - 1
 
@@ -121,6 +122,7 @@ def test_sample_under_jit_lowered_for_cuda_has_no_host_callback(sampler, loops):
     assert "callback" not in text and "custom_call" not in text
 
 
+@cpu_default
 def test_the_cuda_check_has_power():
     # a host callback in a jitted function does show in the lowered text
     def with_callback(k):

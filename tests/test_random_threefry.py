@@ -12,6 +12,8 @@ import d3p.random
 from d3p.random import _threefry
 from d3p.svi import DPSVI
 
+from _backend import cpu_default
+
 RAW = jax.random.PRNGKey(20261122)
 
 
@@ -199,6 +201,7 @@ def test_in_two_halves_gives_the_values_of_the_function(shape, axis, out_axis):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+@cpu_default
 def test_a_cpu_step_computes_its_monte_carlo_bits_once(monkeypatch):
     # the private step of the logistic regression, compiled for CPU: its
     # Threefry evaluations are computed once (in a loop of two halves); fused
