@@ -11,10 +11,11 @@ is a comma-separated list of ``key=value`` (``default``: nothing changed):
 - ``lr=η``: Adam at the constant step size η (``avg``: the share of the last
   steps averaged, default 0.5);
 - ``sched=f``: Adam at d3p's chosen step size η₀ decayed along a cosine to
-  ``f η₀`` over the run, or over its last ``1 − h`` share with ``hold=h``
-  (``avg`` as above);
+  ``f η₀`` over the run (2,000 steps, or ``steps=T``), or over its last
+  ``1 − h`` share with ``hold=h`` (``avg`` as above);
 - ``C=c``: a fixed clipping threshold; ``quant=γ``: adaptive clipping to the
-  γ quantile (from C = 1, the learning rate d3p sets).
+  γ quantile (from C = 1, the learning rate d3p sets);
+- ``steps=T``: ``T`` steps instead of the chosen number (σ calibrated for them).
 
 Each line: the error in reference sds (mean over coordinates of
 ``|μ − μ_ref| / sd_ref``), the sd ratio (geometric mean), the held-out log
@@ -73,12 +74,13 @@ def _chosen_step_size(p):
 def variant(p, name):
     """``(DPSVI, run keywords)`` of the variant ``name`` (the module's docstring)."""
     parts = dict(item.split("=") for item in name.split(",") if "=" in item)
-    unknown = set(parts) - {"lr", "sched", "hold", "avg", "C", "quant"}
+    unknown = set(parts) - {"lr", "sched", "hold", "avg", "C", "quant", "steps"}
     if unknown:
         raise ValueError(f"unknown variant keys {sorted(unknown)} in {name!r}")
     optim, kw = None, {}
     if "sched" in parts:
-        optim = numpyro.optim.Adam(_cosine(_chosen_step_size(p), _run_plan.CHOSEN_NUM_STEPS, float(parts["sched"]),
+        optim = numpyro.optim.Adam(_cosine(_chosen_step_size(p), int(parts.get("steps", _run_plan.CHOSEN_NUM_STEPS)),
+                                           float(parts["sched"]),
                                            float(parts.get("hold", 0.0))))
     elif "lr" in parts:
         optim = numpyro.optim.Adam(float(parts["lr"]))
@@ -87,6 +89,8 @@ def variant(p, name):
     clipping = AdaptiveClipping(target_quantile=float(parts["quant"]), learning_rate=None) if "quant" in parts \
         else None
     C = float(parts["C"]) if "C" in parts else None
+    if "steps" in parts:
+        kw["num_steps"] = int(parts["steps"])
     return DPSVI(p.model, p.guide, optim, loss=Trace_ELBO(), N=p.N, clipping_threshold=C,
                  adaptive_clipping=clipping, **p.shared), kw
 
@@ -109,9 +113,10 @@ def run_variants(args):
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.variants:
         svi, kw = variant(p, name)
+        num_steps = kw.pop("num_steps", None)
         got, Cs, bias = [], [], []
         for seed in range(args.seeds):
-            r = svi.run(d3p.random.PRNGKey(seed), None, *p.train, epsilon=args.epsilon, delta=1.0 / p.N**2,
+            r = svi.run(d3p.random.PRNGKey(seed), num_steps, *p.train, epsilon=args.epsilon, delta=1.0 / p.N**2,
                         progress_bar=False, **kw)
             got.append(ad.figures(p, r.params, ref, jax.random.PRNGKey(100 + seed)))
             Cs.append(float("nan") if r.state.clipping_threshold is None else float(r.state.clipping_threshold))

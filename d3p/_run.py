@@ -243,6 +243,8 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
     """:meth:`DPSVI.run` of ``svi``, its arguments validated and resolved:
     the plan (sampler, accounting, σ), the ledger's check, then the steps at
     the plan's σ, which :func:`_run_steps` takes."""
+    # the number of steps chosen from the noise (public facts), for ε asked with d3p's optimizer
+    from_noise = num_steps is None and epsilon is not None and svi.optim_chosen and init_state is None
     num_steps, average, said = _run_plan.chosen_run(svi, num_steps, average)
     num_steps = _validate.integer("num_steps", num_steps, minimum=1)
     svi.clipping_threshold = _private_step.checked_threshold(svi)   # it may have been set since the last run
@@ -259,17 +261,28 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         start_step = checkpoint.step if start_step is None else start_step
     if ledger is not None and not isinstance(ledger, PrivacyLedger):
         raise TypeError(f"Expected ledger to be a d3p.ledger.PrivacyLedger, got {type(ledger).__name__}.")
-    plan = _run_plan.run_plan(svi, N, num_steps, batch_size, q, sampling, max_batch_size, target_delta,
-                              accountant, relation, epsilon)
-    for message in said:   # what was chosen: constants and N, public
-        _say(message, progress_bar)
-    if batch_size is None and q is None:
-        _say(_run_plan.describe_choice(plan.sampler), progress_bar)
+    plan_of = functools.partial(_run_plan.run_plan, svi, N, batch_size=batch_size, q=q, sampling=sampling,
+                                max_batch_size=max_batch_size, target_delta=target_delta, accountant=accountant,
+                                relation=relation, epsilon=epsilon)
+    plan = plan_of(num_steps, warn=not from_noise)
     given = svi.dp_scale
     svi.dp_scale = plan.sigma   # for this run (its steps take σ as an argument or a constant); restored below
     try:
         _sharding.check_same_in_every_process("rng_key", rng_key)
         init_key, batch_key, step_key = step_keys(svi.rng_suite, rng_key)
+        early_state = None
+        if from_noise:   # the state first: the noise ratio needs the number of parameters
+            early_state = _initial_state(svi, None, None, init_key, _batch_shapes(svi, plan, batch_key, records,
+                                                                                  treedef), treedef, init_params,
+                                         init_data)
+            num_steps, said = _steps_for_the_noise(svi, plan, early_state, said)
+            svi.dp_scale = given
+            plan = plan_of(num_steps)
+            svi.dp_scale = plan.sigma
+        for message in said:   # what was chosen: constants and N, public
+            _say(message, progress_bar)
+        if batch_size is None and q is None:
+            _say(_run_plan.describe_choice(plan.sampler), progress_bar)
         fingerprint = key_fingerprint(batch_key) if ledger is not None or checkpoint is not None else None
         if start_step is None:
             start_step = ledger.steps_taken(fingerprint) if ledger is not None else 0
@@ -296,7 +309,8 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         # the steps' warning is given while they are traced: a later run with another σ is not traced again
         _private_step.warn_if_all_noise(svi, plan.sampler.expected_batch_size, stacklevel=3, sigma=plan.sigma)
         batch = lambda: jax.eval_shape(gather, batch_key, records, 0)[:2]   # noqa: E731 - shapes, when needed
-        svi_state = _initial_state(svi, init_state, checkpoint, init_key, batch, treedef, init_params, init_data)
+        svi_state = early_state if early_state is not None else \
+            _initial_state(svi, init_state, checkpoint, init_key, batch, treedef, init_params, init_data)
         svi_state = _checked_initial_state(svi, svi_state, treedef, records, N)
         if svi.optim_chosen:   # its step size from the parameters' number (public)
             step_size = svi._chosen_step_size.fit(svi.optim.get_params(svi_state.optim_state))
@@ -330,6 +344,25 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         return result
     finally:
         svi.dp_scale = given
+
+
+def _batch_shapes(svi, plan, batch_key, records, treedef):
+    """``batch()``: the abstract first batch of ``plan``'s sampler (shapes only)."""
+    gather = _batch_gatherer(plan.sampler, svi.rng_suite, treedef)
+    return lambda: jax.eval_shape(gather, batch_key, records, 0)[:2]
+
+
+def _steps_for_the_noise(svi, plan, svi_state, said):
+    """``(num_steps, said)``: :func:`d3p._run_plan.steps_for_the_noise` for
+    ``plan`` (σ calibrated for :data:`d3p._run_plan.CHOSEN_NUM_STEPS`) and the
+    parameters of ``svi_state``; ``said`` with its message where it chose fewer."""
+    num_params = _private_step.num_params(svi, svi_state)
+    rho = _adaptive.noise_ratio(plan.sigma, num_params, plan.sampler.expected_batch_size)
+    step_size = _run_plan.chosen_step_size(num_params)
+    num_steps = _run_plan.steps_for_the_noise(rho, step_size)
+    if num_steps != _run_plan.CHOSEN_NUM_STEPS:
+        said = [_run_plan.describe_steps_for_the_noise(num_steps, rho, step_size)]
+    return num_steps, said
 
 
 def _describe_clipping(svi, svi_state, plan) -> str:

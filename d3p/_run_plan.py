@@ -55,14 +55,32 @@ CHOSEN_STEP_SIZE = 0.05
 #: (the VAE's 4,600 parameters) is driven to overflow.
 CHOSEN_STEP_NORM = 0.4
 
-#: :meth:`DPSVI.run`'s number of steps when ``num_steps`` is None (:func:`chosen_run`).
+#: :meth:`DPSVI.run`'s number of steps when ``num_steps`` is None (:func:`chosen_run`),
+#: the most that :func:`steps_for_the_noise` chooses.
 CHOSEN_NUM_STEPS = 2000
+
+#: The noise ratio ``ρ = σ sqrt(P) / B_e`` (:func:`d3p._adaptive.noise_ratio`)
+#: above which :func:`steps_for_the_noise` takes fewer steps than
+#: :data:`CHOSEN_NUM_STEPS` (benchmarks/README.md, "Fewer steps where the
+#: noise is large").
+STEPS_NOISE_RATIO = 0.3
+
+#: ... but never fewer than ``STEPS_TRAVEL / step size``: Adam moves a
+#: coordinate by at most about its step size per step, so this many steps let
+#: it travel ``STEPS_TRAVEL`` (500 steps at the step size 0.05; a network's
+#: smaller step keeps its 2,000).
+STEPS_TRAVEL = 25.0
 
 #: The share of the last steps whose parameters :meth:`DPSVI.run` averages by
 #: default with the optimizer it chose (:func:`chosen_run`; with a user's
 #: optimizer, none: at a small step size the iterates still move and their
 #: mean lags).
 CHOSEN_AVERAGE = 0.5
+
+
+def chosen_step_size(num_params: int) -> float:
+    """``min(CHOSEN_STEP_SIZE, CHOSEN_STEP_NORM / sqrt(P))`` for ``P = num_params``."""
+    return min(CHOSEN_STEP_SIZE, CHOSEN_STEP_NORM / math.sqrt(max(num_params, 1)))
 
 
 class ChosenStepSize:
@@ -76,8 +94,7 @@ class ChosenStepSize:
         self.value = None
 
     def fit(self, params) -> float:
-        size = _private_step.count_parameters(params)
-        self.value = min(CHOSEN_STEP_SIZE, CHOSEN_STEP_NORM / math.sqrt(max(size, 1)))
+        self.value = chosen_step_size(_private_step.count_parameters(params))
         return self.value
 
     def __call__(self, step):
@@ -112,6 +129,33 @@ def chosen_run(svi, num_steps, average):
     if average is None:
         average = CHOSEN_AVERAGE if svi.optim_chosen else 0.0
     return num_steps, average, said
+
+
+def steps_for_the_noise(rho: float, step_size: float) -> int:
+    """The number of steps :meth:`DPSVI.run` takes when asked for ε with
+    neither ``num_steps`` nor an optimizer: :data:`CHOSEN_NUM_STEPS` where the
+    noise ratio ``rho`` (:func:`d3p._adaptive.noise_ratio` of the gradient's σ
+    calibrated for that many steps) is at most :data:`STEPS_NOISE_RATIO`;
+    above it, the number at which ``ρ`` would be about that ratio if σ grew
+    as the square root of the number of steps (as it does once σ is large),
+    ``CHOSEN_NUM_STEPS * (STEPS_NOISE_RATIO / rho)**2``, rounded down to a
+    multiple of 10, but at least ``STEPS_TRAVEL / step_size``. At a fixed ε a
+    step's noise grows with the number of steps: where it swamps each step,
+    fewer, less noisy steps fit better (measured). Public facts only."""
+    rho = _validate.number("rho", rho, low=0.0)
+    if rho <= STEPS_NOISE_RATIO:
+        return CHOSEN_NUM_STEPS
+    fewest = min(CHOSEN_NUM_STEPS, math.ceil(STEPS_TRAVEL / step_size))
+    wanted = 10 * math.floor(CHOSEN_NUM_STEPS * (STEPS_NOISE_RATIO / rho) ** 2 / 10)
+    return max(fewest, min(CHOSEN_NUM_STEPS, wanted))
+
+
+def describe_steps_for_the_noise(num_steps: int, rho: float, step_size: float) -> str:
+    """What :meth:`DPSVI.run` says of the number of steps it chose from the noise."""
+    return (f"d3p: no num_steps given: {num_steps:,} steps, not {CHOSEN_NUM_STEPS:,}: at {CHOSEN_NUM_STEPS:,} "
+            f"steps each step's noise would be {rho:.3g} times the largest clipped sum (sigma sqrt(P) / B, above "
+            f"{STEPS_NOISE_RATIO:g}); fewer steps carry less noise each at the same epsilon (at least "
+            f"{STEPS_TRAVEL:g} / step size {step_size:.3g})")
 
 
 def describe_optimizer(step_size: float, average: float) -> str:
@@ -203,9 +247,10 @@ def _sampler(N, batch_size, q, sampling, max_batch_size, num_steps=1, delta=1e-1
 
 
 def run_plan(svi, N, num_steps, batch_size, q, sampling, max_batch_size, target_delta, accountant,
-             relation, epsilon=None) -> RunPlan:
+             relation, epsilon=None, warn=True) -> RunPlan:
     """:meth:`DPSVI.run`'s sampler and its accounting, from run's arguments
-    (called by :func:`d3p._run.run`: its warnings name the caller of ``DPSVI.run``)."""
+    (called by :func:`d3p._run.run`: its warnings name the caller of ``DPSVI.run``;
+    none with ``warn`` False)."""
     if N < 1:
         raise ValueError("Expected a non-empty data set, got 0 records.")
     if target_delta is None:
@@ -214,12 +259,13 @@ def run_plan(svi, N, num_steps, batch_size, q, sampling, max_batch_size, target_
     sampling = automatic_sampling(sampling, batch_size, q, max_batch_size, epsilon, relation)
     sampler = _sampler(N, batch_size, q, sampling, max_batch_size, num_steps, target_delta, epsilon)
     acc = accounting.accounting_for(sampler.name, relation, svi.noise)
-    _validate.warn_if_large_delta("target_delta", target_delta, N, stacklevel=5)
+    if warn:
+        _validate.warn_if_large_delta("target_delta", target_delta, N, stacklevel=5)
     sigma, target_delta = run_sigma(svi, epsilon, acc, sampler, num_steps, target_delta, accountant)
     tracker = acc.tracker(accounted_sigma(svi, sigma), sampler.q, target_delta,
                           num_steps=num_steps, accountant=accountant)
-    # public facts only: σ, C, the expected batch size, N and δ
-    _private_step.warn_if_all_noise(svi, sampler.expected_batch_size, stacklevel=5, sigma=sigma)
+    if warn:   # public facts only: σ, C, the expected batch size, N and δ
+        _private_step.warn_if_all_noise(svi, sampler.expected_batch_size, stacklevel=5, sigma=sigma)
     return RunPlan(sampler, acc, tracker, target_delta, sigma)
 
 

@@ -513,8 +513,8 @@ class DPSVI(SVI):
             ``i``'s batch, noise and Monte Carlo draws come from it and ``i``
             alone (not from ``init_state``'s key); use a key for one release
             (the ledger and a checkpoint refuse a repeat of its steps).
-        :param int num_steps: number of steps, ``>= 1``; or None:
-            :data:`d3p._run_plan.CHOSEN_NUM_STEPS` (2,000; said).
+        :param int num_steps: number of steps, ``>= 1``; or None: 2,000, fewer where the noise would swamp
+            each step (:func:`d3p._run_plan.steps_for_the_noise`, asking for ε with d3p's optimizer; said).
         :param args: the FULL data set, one row per record (``N`` rows); ``kwargs`` likewise.
         :param int batch_size: the (expected) batch size, or give ``q``, or neither:
             all the data at every step with ``dp_scale`` given, nearly all asking for ε (printed).

@@ -286,3 +286,60 @@ def test_the_chosen_step_size_is_bounded_by_the_number_of_parameters():
     assert step_size.fit({"a": jnp.zeros(31), "b": jnp.zeros(31)}) == 0.05 == step_size(7)
     assert step_size.fit({"w": jax.ShapeDtypeStruct((100, 100), jnp.float32)}) == pytest.approx(0.004)
     assert step_size.fit({"w": jnp.zeros((64, 2))}) == pytest.approx(0.4 / math.sqrt(128))
+
+
+@pytest.mark.parametrize("rho, step_size, expected", [
+    (0.0, 0.05, 2000), (0.3, 0.05, 2000),     # at most STEPS_NOISE_RATIO: the 2,000 steps
+    (0.31, 0.05, 1870),                        # 2000 (0.3 / 0.31)^2 = 1873.0, down to a multiple of 10
+    (0.45, 0.05, 880),                         # 888.9
+    (0.6, 0.05, 500), (3.0, 0.05, 500),        # 500 and 20: never below 25 / 0.05 = 500 steps
+    (3.0, 0.025, 1000),                        # 25 / 0.025
+    (3.0, 0.006, 2000),                        # 25 / 0.006 = 4167: a network keeps its 2,000
+])
+def test_the_steps_chosen_from_the_noise_follow_the_documented_rule(rho, step_size, expected):
+    assert (_run_plan.STEPS_NOISE_RATIO, _run_plan.STEPS_TRAVEL) == (0.3, 25.0)
+    assert _run_plan.steps_for_the_noise(rho, step_size) == expected
+
+
+def test_asking_for_epsilon_with_nothing_else_takes_fewer_steps_where_the_noise_is_large(caplog):
+    """``run(key, None, ..., epsilon=...)`` with d3p's optimizer: the noise
+    ratio of σ calibrated for 2,000 steps decides the number of steps (public
+    facts: σ, P, B_e); the run is then exactly the run of that many steps,
+    accounted for them, and says why. With a number of steps or an optimizer
+    given, nothing changes."""
+    import logging
+
+    import numpyro
+    from numpyro.infer import Trace_ELBO
+    from numpyro.infer.autoguide import AutoDiagonalNormal
+
+    from d3p.dputil import approximate_sigma_remove_relation
+    from d3p.svi import DPSVI
+
+    from _normal_mean import model
+
+    xs = np.linspace(-1.0, 3.0, N).astype(np.float32)
+    chosen = DPSVI(model, AutoDiagonalNormal(model), loss=Trace_ELBO(), N=N)   # C, optimizer and steps chosen
+    key = d3p.random.PRNGKey(6)
+    with caplog.at_level(logging.INFO, logger="d3p"):
+        got = chosen.run(key, None, xs, epsilon=1.0, progress_bar=False)
+    said = _said(caplog, "no num_steps given")
+    # σ for 2,000 steps at this q (about: δ less the overflow term), the gradient's share (the count takes a
+    # tenth of the precision); P = 2 (the normal mean's loc and scale)
+    q = _run_plan.automatic_q(N, "poisson", 2000, 1.0 / N**2, 1.0)
+    sigma_2000 = approximate_sigma_remove_relation(1.0, 1.0 / N**2, q, 2000)[0]
+    rho = sigma_2000 / math.sqrt(0.9) * math.sqrt(2) / (q * N)
+    assert rho > 3   # so few records: 500 steps, the fewest at the step size 0.05
+    assert len(said) == 1 and "500 steps, not 2,000" in said[0], said
+    assert float(said[0].split(" times the largest")[0].split()[-1]) == pytest.approx(rho, rel=0.01)
+    assert got.num_steps == 500 and len(got.losses) == 500 and got.epsilon <= 1.0
+    want = chosen.run(key, 500, xs, epsilon=1.0, progress_bar=False)   # the same run, 500 steps given
+    assert (got.sigma, got.epsilon, got.q) == (want.sigma, want.epsilon, want.q)
+    for a, b in zip(jax.tree.leaves((got.params, got.state)), jax.tree.leaves((want.params, want.state))):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    # a user's optimizer: the 2,000 steps (its step size is not known)
+    own = DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(0.05), Trace_ELBO(), N=N)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="d3p"):
+        assert own.run(key, None, xs, epsilon=1.0, progress_bar=False).num_steps == 2000
+    assert "2,000 steps" in _said(caplog, "no num_steps given")[0]
