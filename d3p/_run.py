@@ -87,9 +87,10 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
         return jax.jit(functools.partial(_traced_length_chunk, svi, body_fn))
 
     @functools.partial(jax.jit, static_argnums=6)
-    def run_chunk(svi_state, average, keys, start, average_from, data, length, sigma=None, clip=None):
+    def run_chunk(svi_state, average, keys, start, average_from, data, length, sigma=None, clip=None,
+                  run_steps=None):
         steps = start + jnp.arange(length, dtype=jnp.uint32)
-        with _step_arguments(svi, sigma, clip):
+        with _step_arguments(svi, sigma, clip, run_steps):
             (svi_state, average, ok), losses = lax.scan(
                 lambda c, i: body_fn(c, keys, i, average_from, data), (svi_state, average, jnp.bool_(True)),
                 steps)
@@ -105,7 +106,7 @@ _CHUNK_STEPS = 1000
 
 
 def _traced_length_chunk(svi, body_fn, svi_state, average, keys, start, average_from, data, length,
-                         sigma=None, clip=None):
+                         sigma=None, clip=None, run_steps=None):
     """:func:`_compiled_chunks`' chunk whose number of steps ``length`` (a
     ``uint32`` in ``[1, _CHUNK_STEPS]``) is an argument: a ``fori_loop`` whose
     trip count the program reads, the losses written into a buffer of
@@ -120,7 +121,7 @@ def _traced_length_chunk(svi, body_fn, svi_state, average, keys, start, average_
         loss_dtypes.append(loss.dtype)
         return carry, losses.at[j].set(loss.astype(buffer_dtype))
 
-    with _step_arguments(svi, sigma, clip):
+    with _step_arguments(svi, sigma, clip, run_steps):
         (svi_state, average, ok), losses = lax.fori_loop(
             jnp.uint32(0), length, body,
             ((svi_state, average, jnp.bool_(True)), jnp.full((_CHUNK_STEPS,), jnp.nan, buffer_dtype)))
@@ -128,14 +129,19 @@ def _traced_length_chunk(svi, body_fn, svi_state, average, keys, start, average_
 
 
 @contextlib.contextmanager
-def _step_arguments(svi, sigma, clip):
-    """σ and C of the chunk's arguments (or None: constants of the step), read
-    by the step while it is traced, and reset after."""
+def _step_arguments(svi, sigma, clip, run_steps=None):
+    """σ and C of the chunk's arguments (or None: constants of the step), and
+    the run's number of steps that d3p's step size decays over (None: a
+    constant step size), read by the step while it is traced, and reset after."""
     svi._run_sigma, svi._run_clip = sigma, clip
+    if svi._chosen_step_size is not None:
+        svi._chosen_step_size.run_steps = run_steps
     try:
         yield
     finally:
         svi._run_sigma = svi._run_clip = None
+        if svi._chosen_step_size is not None:
+            svi._chosen_step_size.run_steps = None
 
 
 def _averaged(average, params, include):
@@ -314,7 +320,7 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         svi_state = _checked_initial_state(svi, svi_state, treedef, records, N)
         if svi.optim_chosen:   # its step size from the parameters' number (public)
             step_size = svi._chosen_step_size.fit(svi.optim.get_params(svi_state.optim_state))
-            _say(_run_plan.describe_optimizer(step_size, average), progress_bar)
+            _say(_run_plan.describe_optimizer(step_size, average, init_state is None), progress_bar)
         if svi.clipping_chosen and svi.adaptive_clipping is not None:   # its quantile from the noise (public)
             _say(_describe_clipping(svi, svi_state, plan), progress_bar)
 
@@ -326,9 +332,12 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         if clip_traced:   # checked at every run: the steps, and the check within them, are traced once
             _private_step.check_threshold_fits(svi.clipping_threshold, clip.dtype, plan.sampler.max_batch_size)
 
+        # d3p's step size decays over this run's steps from a fresh state (an argument: any number of steps)
+        decay_over = jnp.float32(num_steps) if svi.optim_chosen and init_state is None else None
+
         def run_steps(svi_state, average, start, data, length):
             svi_state, average, losses, ok = run_chunk(svi_state, average, (batch_key, step_key), start,
-                                                       average_from, data, length, sigma, clip)
+                                                       average_from, data, length, sigma, clip, decay_over)
             return _require_batches(ok, plan.sampler, (svi_state, average, losses))
 
         mean = (params, jnp.zeros((), jnp.int32))

@@ -75,7 +75,14 @@ STEPS_TRAVEL = 25.0
 #: default with the optimizer it chose (:func:`chosen_run`; with a user's
 #: optimizer, none: at a small step size the iterates still move and their
 #: mean lags).
-CHOSEN_AVERAGE = 0.5
+CHOSEN_AVERAGE = 0.25
+
+#: In a run of ``T`` steps from a fresh state, the chosen step size is held
+#: for the first ``CHOSEN_HOLD`` share of the steps, then decayed along a
+#: cosine to ``CHOSEN_FINAL`` times itself at the last step
+#: (:meth:`ChosenStepSize.__call__`; benchmarks/README.md, "The second half
+#: of the steps decayed").
+CHOSEN_HOLD, CHOSEN_FINAL = 0.5, 0.02
 
 
 def chosen_step_size(num_params: int) -> float:
@@ -92,16 +99,29 @@ class ChosenStepSize:
 
     def __init__(self):
         self.value = None
+        #: the number of steps of the run being traced (an argument of its
+        #: compiled steps), or None: the step size is then constant
+        self.run_steps = None
 
     def fit(self, params) -> float:
         self.value = chosen_step_size(_private_step.count_parameters(params))
         return self.value
 
     def __call__(self, step):
+        """The step size at the optimizer's step ``step``: :attr:`value`; in
+        :meth:`DPSVI.run`'s steps from a fresh state, held for the first
+        :data:`CHOSEN_HOLD` share of its ``T`` steps, then decayed along a
+        cosine to :data:`CHOSEN_FINAL` times itself at step ``T``."""
         if self.value is None:
             raise RuntimeError("The chosen step size is set from the parameters' shapes: update the state "
                                "through DPSVI.update or DPSVI.run.")
-        return self.value
+        if self.run_steps is None:
+            return self.value
+        import jax.numpy as jnp
+
+        total = jnp.asarray(self.run_steps, jnp.float32)
+        t = jnp.clip((step - CHOSEN_HOLD * total) / ((1 - CHOSEN_HOLD) * total), 0.0, 1.0)
+        return self.value * (CHOSEN_FINAL + (1 - CHOSEN_FINAL) * 0.5 * (1 + jnp.cos(jnp.pi * t)))
 
 
 def optimizer(optim):
@@ -158,12 +178,16 @@ def describe_steps_for_the_noise(num_steps: int, rho: float, step_size: float) -
             f"{STEPS_TRAVEL:g} / step size {step_size:.3g})")
 
 
-def describe_optimizer(step_size: float, average: float) -> str:
-    """What :meth:`DPSVI.run` says of the optimizer it chose."""
+def describe_optimizer(step_size: float, average: float, decays: bool = True) -> str:
+    """What :meth:`DPSVI.run` says of the optimizer it chose (``decays``: its
+    step size decays over the run, which starts from a fresh state)."""
     averaged = f"the parameters averaged over the last {average:.0%} of the steps" if average else \
         "no averaging"
     return (f"d3p: no optimizer given: Adam with step size {step_size:.3g} (min({CHOSEN_STEP_SIZE:g}, "
-            f"{CHOSEN_STEP_NORM:g} / sqrt(number of parameters))), {averaged} (run(average=...); post-processing)")
+            f"{CHOSEN_STEP_NORM:g} / sqrt(number of parameters))), "
+            + (f"held for the first {CHOSEN_HOLD:.0%} of the steps, then decayed along a cosine to "
+               f"{CHOSEN_FINAL:.0%} of itself, " if decays else "constant (the run continues a state), ")
+            + f"{averaged} (run(average=...); post-processing)")
 
 
 def automatic_sampling(sampling: Optional[str], batch_size, q, max_batch_size, epsilon, relation) -> str:

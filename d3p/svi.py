@@ -92,8 +92,8 @@ class DPSVI(SVI):
         an ``optax`` transformation (also through ``numpyro.optim.optax_to_numpyro``);
         or None (default): ``numpyro.optim.Adam`` at the step size
         ``min(0.05, 0.4 / sqrt(P))`` for ``P`` parameters
-        (:class:`d3p._run_plan.ChosenStepSize`), with :meth:`run` averaging the
-        parameters over the last half of its steps (``run`` says so; docs/privacy.md,
+        (:class:`d3p._run_plan.ChosenStepSize`; in :meth:`run` decayed over the second half), :meth:`run`
+        averaging the parameters over the last quarter of its steps (``run`` says so; docs/privacy.md,
         "Settings chosen for you"). NumPyro optimizers that use the loss value
         (``numpyro.optim.Minimize``, ``update_with_value``) are refused: the loss
         is not private. Optax transformations are given a constant 0 as the loss

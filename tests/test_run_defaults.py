@@ -222,8 +222,9 @@ def _said(caplog, text):
 
 def test_without_an_optimizer_adam_at_the_chosen_step_size_and_averaging(caplog):
     """``DPSVI(model, guide, loss=...)``: numpyro's Adam at the documented step
-    size, and run averages the last half of its steps; bit for bit the run
-    with those settings given, and said once."""
+    size, held for the first half of a run's steps and decayed along a cosine
+    to 2 % of itself at its last, and run averages the last quarter of its
+    steps; the run with that schedule and averaging given, and said once."""
     import logging
 
     import numpyro
@@ -235,18 +236,29 @@ def test_without_an_optimizer_adam_at_the_chosen_step_size_and_averaging(caplog)
     from _normal_mean import model
 
     chosen = DPSVI(model, AutoDiagonalNormal(model), loss=Trace_ELBO(), clipping_threshold=1.0, dp_scale=2.0, N=N)
-    assert chosen.optim_chosen and _run_plan.CHOSEN_STEP_SIZE == 0.05 and _run_plan.CHOSEN_AVERAGE == 0.5
-    explicit = normal_mean_svi(clipping_threshold=1.0, dp_scale=2.0, N=N)   # Adam(0.05), given
+    assert chosen.optim_chosen and _run_plan.CHOSEN_STEP_SIZE == 0.05 and _run_plan.CHOSEN_AVERAGE == 0.25
+    assert (_run_plan.CHOSEN_HOLD, _run_plan.CHOSEN_FINAL) == (0.5, 0.02)
+
+    def schedule(i):   # written out: 0.05 for steps 0..T/2, then 0.05 (0.02 + 0.98 (1 + cos(pi t)) / 2)
+        t = jnp.clip((i - 0.5 * T) / (0.5 * T), 0.0, 1.0)
+        return 0.05 * (0.02 + 0.98 * 0.5 * (1 + jnp.cos(jnp.pi * t)))
+
+    explicit = DPSVI(model, AutoDiagonalNormal(model), numpyro.optim.Adam(schedule), Trace_ELBO(),
+                     clipping_threshold=1.0, dp_scale=2.0, N=N)
     assert not explicit.optim_chosen
     key = d3p.random.PRNGKey(3)
     with caplog.at_level(logging.INFO, logger="d3p"):
         got = chosen.run(key, T, XS, batch_size=8, target_delta=1e-4, progress_bar=False)
     said = _said(caplog, "no optimizer given")
-    assert len(said) == 1 and "step size 0.05 " in said[0] and "50%" in said[0]
-    assert got.averaged_steps == T // 2
-    want = explicit.run(key, T, XS, batch_size=8, target_delta=1e-4, progress_bar=False, average=0.5)
+    assert len(said) == 1 and "step size 0.05 " in said[0] and "25%" in said[0] and "decayed" in said[0]
+    assert got.averaged_steps == T // 4
+    want = explicit.run(key, T, XS, batch_size=8, target_delta=1e-4, progress_bar=False, average=0.25)
     for a, b in zip(jax.tree.leaves((got.params, got.state)), jax.tree.leaves((want.params, want.state))):
-        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    # not the constant step: the decay changes the run
+    constant = normal_mean_svi(clipping_threshold=1.0, dp_scale=2.0, N=N).run(   # Adam(0.05)
+        key, T, XS, batch_size=8, target_delta=1e-4, progress_bar=False, average=0.25)
+    assert not np.allclose(np.asarray(got.params["auto_loc"]), np.asarray(constant.params["auto_loc"]))
     # a user's optimizer: no averaging unless asked for (the step size is theirs), and nothing said
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="d3p"):
@@ -255,6 +267,20 @@ def test_without_an_optimizer_adam_at_the_chosen_step_size_and_averaging(caplog)
     # the chosen averaging can be overridden
     assert chosen.run(key, T, XS, batch_size=8, target_delta=1e-4, progress_bar=False,
                       average=0.0).averaged_steps == 0
+
+
+def test_the_chosen_step_size_decays_over_the_run_by_the_documented_schedule():
+    """:meth:`ChosenStepSize.__call__` inside a run of ``T`` steps: the step
+    size for ``i <= T/2``, then ``0.02 + 0.98 (1 + cos(pi t)) / 2`` times it,
+    ``t = (i - T/2) / (T/2)``; constant outside a run (``update``)."""
+    step_size = _run_plan.ChosenStepSize()
+    step_size.fit({"a": jnp.zeros(2)})
+    assert step_size(1234) == 0.05   # no run: constant
+    step_size.run_steps = jnp.float32(2000)
+    by_hand = {0: 0.05, 1000: 0.05, 1500: 0.05 * (0.02 + 0.98 * 0.5), 2000: 0.05 * 0.02, 5000: 0.05 * 0.02,
+               1250: 0.05 * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi / 4)))}
+    for i, want in by_hand.items():
+        assert float(step_size(jnp.int32(i))) == pytest.approx(want, rel=1e-6), i
 
 
 def test_without_num_steps_run_takes_the_chosen_number_and_says_so(svi, caplog):
