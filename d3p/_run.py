@@ -271,20 +271,18 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
                                 max_batch_size=max_batch_size, target_delta=target_delta, accountant=accountant,
                                 relation=relation, epsilon=epsilon)
     plan = plan_of(num_steps, warn=not from_noise)
+    _sharding.check_same_in_every_process("rng_key", rng_key)
+    init_key, batch_key, step_key = step_keys(svi.rng_suite, rng_key)
+    early_state = None
+    if from_noise:   # the state first: the noise ratio needs the number of parameters
+        gather = _batch_gatherer(plan.sampler, svi.rng_suite, treedef)
+        early_state = _initial_state(svi, None, None, init_key, _abstract_batch(gather, batch_key, records),
+                                     treedef, init_params, init_data)
+        num_steps, said = _steps_for_the_noise(svi, plan, early_state, said)
+        plan = plan_of(num_steps)
     given = svi.dp_scale
     svi.dp_scale = plan.sigma   # for this run (its steps take σ as an argument or a constant); restored below
     try:
-        _sharding.check_same_in_every_process("rng_key", rng_key)
-        init_key, batch_key, step_key = step_keys(svi.rng_suite, rng_key)
-        early_state = None
-        if from_noise:   # the state first: the noise ratio needs the number of parameters
-            early_state = _initial_state(svi, None, None, init_key, _batch_shapes(svi, plan, batch_key, records,
-                                                                                  treedef), treedef, init_params,
-                                         init_data)
-            num_steps, said = _steps_for_the_noise(svi, plan, early_state, said)
-            svi.dp_scale = given
-            plan = plan_of(num_steps)
-            svi.dp_scale = plan.sigma
         for message in said:   # what was chosen: constants and N, public
             _say(message, progress_bar)
         if batch_size is None and q is None:
@@ -314,9 +312,9 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
                  + "at any ε" + (" and clipping threshold)" if clip_traced else ")"), progress_bar)
         # the steps' warning is given while they are traced: a later run with another σ is not traced again
         _private_step.warn_if_all_noise(svi, plan.sampler.expected_batch_size, stacklevel=3, sigma=plan.sigma)
-        batch = lambda: jax.eval_shape(gather, batch_key, records, 0)[:2]   # noqa: E731 - shapes, when needed
-        svi_state = early_state if early_state is not None else \
-            _initial_state(svi, init_state, checkpoint, init_key, batch, treedef, init_params, init_data)
+        svi_state = early_state if early_state is not None else _initial_state(
+            svi, init_state, checkpoint, init_key, _abstract_batch(gather, batch_key, records), treedef,
+            init_params, init_data)
         svi_state = _checked_initial_state(svi, svi_state, treedef, records, N)
         if svi.optim_chosen:   # its step size from the parameters' number (public)
             step_size = svi._chosen_step_size.fit(svi.optim.get_params(svi_state.optim_state))
@@ -355,9 +353,8 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         svi.dp_scale = given
 
 
-def _batch_shapes(svi, plan, batch_key, records, treedef):
-    """``batch()``: the abstract first batch of ``plan``'s sampler (shapes only)."""
-    gather = _batch_gatherer(plan.sampler, svi.rng_suite, treedef)
+def _abstract_batch(gather, batch_key, records):
+    """``batch()``: the shapes of the first batch that ``gather`` draws, when needed."""
     return lambda: jax.eval_shape(gather, batch_key, records, 0)[:2]
 
 
