@@ -2,7 +2,8 @@
 the program lowered for a GPU computes each double round once for all blocks
 (a loop over rounds, whose body holds one double round: never the rounds
 written out, which XLA copied once per output word) and has no host call
-(checked without a GPU by lowering for CUDA on the CPU)."""
+(checked without a GPU by lowering for CUDA on the CPU); compiled for the
+CPU, a block function is a few kernels (the state held as rows)."""
 
 import struct
 
@@ -154,3 +155,32 @@ def test_cpu_optimized_block_function_holds_at_most_two_copies_of_a_double_round
     # written-out rounds (3,200 xor)
     text = jax.jit(_CALLS[name]).lower(jnp.asarray(_KEY)).compile().as_text()
     assert text.count(" xor(") <= 2 * _lowered.DOUBLE_ROUND_XORS
+
+
+_CPU_CALLS = {
+    "split": _CALLS["split"],
+    "fold_in": _CALLS["fold_in"],
+    "convert_to_jax_rng_key": _CALLS["convert_to_jax_rng_key"],
+    "normal, 60 values": _CALLS["normal, 60 values"],
+    "random_bits, 19 blocks": lambda k: d3p.random.random_bits(k, 32, (300,)),
+    "random_bits, 313 blocks": lambda k: d3p.random.random_bits(k, 32, (5000,)),
+}
+
+
+@pytest.mark.parametrize("name", list(_CPU_CALLS))
+def test_cpu_optimized_block_function_is_a_few_kernels(name):
+    # The state held as four rows of four words (_keystream._blocks_as_rows):
+    # XLA:CPU compiles a key derivation or a short draw into at most a couple
+    # of dozen kernels, each of which LLVM compiles on its own. With sixteen
+    # separate words (the layout GPUs run) the same calls compiled into 47 to
+    # 78 kernels, and a private step, which derives its keys with nine such
+    # calls, spent about a fifth of its compile time on them.
+    text = jax.jit(_CPU_CALLS[name]).lower(jnp.asarray(_KEY)).compile().as_text()
+    assert text.count(" fusion(") <= 24
+
+
+def test_the_sixteen_word_layout_exceeds_the_kernel_bound():
+    # the check above has power: the layout of sixteen separate words, compiled for CPU
+    nonce = [jnp.uint32(0)] * 3
+    fn = jax.jit(lambda k: _keystream._blocks(k, jnp.uint32(0), nonce, _keystream._rounds_looped))
+    assert fn.lower(jnp.asarray(_KEY)).compile().as_text().count(" fusion(") > 24
