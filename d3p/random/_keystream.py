@@ -64,14 +64,8 @@ HOST_MIN_BLOCKS = 512
 
 
 def _quarter_round(s, a, b, c, d):
-    s[a] = s[a] + s[b]
-    s[d] = rotl_u32(s[d] ^ s[a], 16)
-    s[c] = s[c] + s[d]
-    s[b] = rotl_u32(s[b] ^ s[c], 12)
-    s[a] = s[a] + s[b]
-    s[d] = rotl_u32(s[d] ^ s[a], 8)
-    s[c] = s[c] + s[d]
-    s[b] = rotl_u32(s[b] ^ s[c], 7)
+    """The quarter round on words ``a, b, c, d`` of the state ``s`` (a list), in place."""
+    s[a], s[b], s[c], s[d] = _quarter_round_rows(s[a], s[b], s[c], s[d])
 
 
 def _double_round(_, state):
@@ -106,9 +100,9 @@ def _blocks(key, counter, nonce, rounds) -> jax.Array:
 
 
 def _quarter_round_rows(a, b, c, d):
-    """RFC 8439's quarter round on four rows of the state at once: ``a, b, c,
-    d`` hold words ``j``, ``4 + j``, ``8 + j``, ``12 + j`` for every column
-    ``j`` (and every block)."""
+    """RFC 8439's quarter round on four words, or on four rows of the state at
+    once (``a, b, c, d`` holding words ``j``, ``4 + j``, ``8 + j``, ``12 + j``
+    for every column ``j`` and every block)."""
     a = a + b
     d = rotl_u32(d ^ a, 16)
     c = c + d
