@@ -210,7 +210,7 @@ def test_twin_summary_is_short_labelled_and_singular(tmp_path, capsys):
     inp = write(tmp_path / "in.csv", pd.DataFrame({"w": rng.normal(50, 5, 40).round(1)}))
     out_csv = tmp_path / "out.csv"
     assert main(["twin", inp, str(out_csv), "--epsilon", "1", "--family", "marginal", "--seed", "0",
-                 "--delta", "0.05", "--no-progress"]) == 0
+                 "--delta", "0.05", "--no-progress", "--schema-inference", "data"]) == 0
     out, err = capsys.readouterr()
     for text in ("in 1 release ", "on 1 noisy marginal table,", " 1 column,", "40 records"):
         assert text in out, text
@@ -261,7 +261,7 @@ def test_one_release_is_one_release_not_one_releases():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tw = twin.fit(frame, 1.0, rng_key=d3p.random.PRNGKey(0), family="marginal", ledger=ledger,
-                      progress_bar=False)
+                      progress_bar=False, schema_inference="data")
     summary = ledger.summary()
     assert tw.privacy["num_releases"] == 1 and "1 releases" not in summary
     assert "(1 release," in summary and "marginal twin: 1 release:" in summary
@@ -288,7 +288,7 @@ def test_every_count_of_one_is_singular(tmp_path, capsys):
     frame = pd.DataFrame({"w": np.random.default_rng(0).normal(50, 5, 40).round(1), "c": ["a"] * 40})
     inp, out_csv = write(tmp_path / "in.csv", frame), tmp_path / "out.csv"
     assert main(["twin", inp, str(out_csv), "--epsilon", "1", "--family", "marginal", "--seed", "0",
-                 "--no-progress", "--num-synthetic", "1", "--no-utility"]) == 0
+                 "--no-progress", "--num-synthetic", "1", "--no-utility", "--schema-inference", "data"]) == 0
     out, err = capsys.readouterr()
     assert "c  categorical, 1 level " in out and "synthetic 1 record " in out, out
     assert singular_errors(out + err) == []

@@ -181,8 +181,8 @@ def test_json_round_trip(tmp_path):
 
 
 def test_twin_command_records_its_release(tmp_path, capsys):
-    """``python -m d3p twin --ledger``: the marginal twin's ρ is recorded, the
-    ledger saved, and a twin that would pass the budget is refused."""
+    """``python -m d3p twin --ledger``: the private schema's release (its ρ and its threshold's δ) and the
+    marginal twin's ρ are recorded, the ledger saved, and a twin that would pass the budget is refused."""
     import numpy as np
     import pandas as pd
 
@@ -197,15 +197,16 @@ def test_twin_command_records_its_release(tmp_path, capsys):
     assert main(common[:1] + [str(tmp_path / "out1.csv")] + common[1:] + ["--seed", "1", "--budget-epsilon", "1.5",
                                                                         "--budget-delta", "1e-5"]) == 0
     ledger = PrivacyLedger.load(path)
-    assert [type(r) for r in ledger.releases] == [ZCDPRelease] and ledger.budget_epsilon == 1.5
+    assert [type(r) for r in ledger.releases] == [ZCDPRelease, EpsilonDeltaRelease, ZCDPRelease]
+    assert ledger.budget_epsilon == 1.5
     assert 0.9 < ledger.epsilon(1e-5) <= 1.0
     assert main(common[:1] + [str(tmp_path / "out2.csv")] + common[1:] + ["--seed", "2"]) == 0
-    assert len(PrivacyLedger.load(path)) == 2
+    assert len(PrivacyLedger.load(path)) == 6
     out = capsys.readouterr().out
     # one release, one figure: the ledger's total stated at the twin's own delta, beside the twin's
     import re
     own = re.search(r"privacy   epsilon = ([0-9.e+-]+) \(target 1\), delta = ([0-9.e+-]+),", out)
-    total = re.search(r"2 releases of this data set, this twin included: in total epsilon = ([0-9.e+-]+) at "
+    total = re.search(r"6 releases of this data set, this twin included: in total epsilon = ([0-9.e+-]+) at "
                       r"delta = ([0-9.e+-]+)", out)
     assert own and total and total.group(2) == own.group(2)
     assert float(total.group(1)) == pytest.approx(PrivacyLedger.load(path).epsilon(float(own.group(2))), rel=1e-3)
@@ -213,8 +214,10 @@ def test_twin_command_records_its_release(tmp_path, capsys):
     spent = re.findall(r"budget epsilon = 1.5 at delta = 1e-05: spent ([0-9.e+-]+)", out)   # after each twin
     assert len(spent) == 2 and float(spent[1]) == pytest.approx(PrivacyLedger.load(path).epsilon(1e-5), rel=1e-3)
     assert main(common[:1] + [str(tmp_path / "out3.csv")] + common[1:] + ["--seed", "3"]) == 2
-    assert "budget of epsilon 1.5" in capsys.readouterr().err
-    assert len(PrivacyLedger.load(path)) == 2
+    err = capsys.readouterr().err
+    assert "budget of epsilon 1.5" in err
+    # refused before the third schema was read: nothing recorded
+    assert "Nothing was recorded" in err and len(PrivacyLedger.load(path)) == 6
 
 
 @pytest.mark.slow
@@ -232,7 +235,9 @@ def test_mixture_twin_records_its_steps():
     ledger = PrivacyLedger()
     tw = twin.fit(df, 1.0, 1e-5, rng_key=d3p.random.PRNGKey(0), family="mixture", num_steps=10, q=0.1,
                   progress_bar=False, ledger=ledger)
-    (release,) = ledger.releases
+    schema_part, threshold, release = ledger.releases   # the private schema's two entries, then the run
+    assert isinstance(schema_part, GaussianSteps) and (schema_part.q, schema_part.num_steps) == (1.0, 1)
+    assert threshold.delta == tw.privacy["schema"]["delta_threshold"]
     assert isinstance(release, GaussianSteps)
     assert (release.sigma, release.q, release.num_steps, release.sampler) == \
         (tw.privacy["sigma"], 0.1, 10, "poisson")
@@ -258,14 +263,19 @@ def test_twin_command_line_keeps_a_ledger_and_refuses_past_its_budget(tmp_path, 
                  "--budget-epsilon", "1.2", "--budget-delta", "1e-6"])
     assert code == 0, capsys.readouterr().err
     first = PrivacyLedger.load(str(ledger))
-    assert len(first) == 1 and first.budget_epsilon == 1.2
+    assert len(first) == 3 and first.budget_epsilon == 1.2   # the schema's two entries and the twin
     assert 0.9 <= first.epsilon(1e-6) <= 1.0 + 1e-9
     saved = ledger.read_text()
     capsys.readouterr()
     code = main(["twin", str(table), str(tmp_path / "two.csv"), "--epsilon", "1", "--delta", "1e-6", *common])
     err = capsys.readouterr().err
     assert code != 0 and "budget" in err, err
-    assert not (tmp_path / "two.csv").exists() and ledger.read_text() == saved
+    assert not (tmp_path / "two.csv").exists()
+    # the second schema fitted the budget and was read: its release stays on record, the model's is refused
+    assert "its release is recorded in" in err
+    assert [r.what for r in PrivacyLedger.load(str(ledger)).releases][3:] == [
+        "twin schema (noisy histograms)", "twin schema (levels' threshold)"]
+    saved = ledger.read_text()
     # a budget given for an existing ledger is an error in flag terms
     code = main(["twin", str(table), str(tmp_path / "two.csv"), "--epsilon", "0.1", *common,
                  "--budget-epsilon", "5", "--budget-delta", "1e-6"])

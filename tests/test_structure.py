@@ -25,6 +25,7 @@ PRIVACY_CRITICAL = (
     "_ghost.py", "_samplers.py", "_uniform_draws.py", "_batchify.py", "minibatch.py", "_private_step.py",
     "_model_facts.py", "_init_state.py", "_elbo_terms.py", "_adaptive.py", "discrete.py", "accounting.py",
     "_zcdp_budget.py", "_accounting", "dputil.py", "ledger.py", "_sharding.py", "random",
+    "twin/_schema_private.py", "twin/_fit_plan.py",
 )
 
 

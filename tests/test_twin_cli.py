@@ -46,7 +46,8 @@ def run_main(args, capsys):
 
 @pytest.mark.slow
 def test_full_run_writes_outputs_and_summary(tmp_path, capsys):
-    inp = write_csv(tmp_path / "in.csv", good_frame())
+    # records enough for the schema read privately to keep the target's two levels
+    inp = write_csv(tmp_path / "in.csv", good_frame(2000))
     before = sha256(inp)
     out_csv, rep, mod = tmp_path / "out.csv", tmp_path / "report", tmp_path / "model"
     code, out, err = run_main([inp, out_csv, "--epsilon", "1", "--steps", "10", "--components", "2",
@@ -56,17 +57,21 @@ def test_full_run_writes_outputs_and_summary(tmp_path, capsys):
     assert sha256(inp) == before
     syn = pd.read_csv(out_csv)
     assert list(syn.columns) == ["x", "k", "flag", "colour"] and len(syn) == 77
-    assert set(syn.colour) <= {"red", "green", "blue"} and syn.flag.dtype == bool
+    # the schema read privately adds the catch-all level "other", which the twin may generate
+    assert set(syn.colour) <= {"red", "green", "blue", "other"} and syn.flag.dtype == bool
     report = json.loads((rep / "report.json").read_text())
     assert report["privacy"]["epsilon"] <= 1.0 and report["privacy"]["sigma"] > 0
     assert len([f for f in os.listdir(rep) if f.endswith(".png")]) == 5
     assert sorted(os.listdir(mod)) == ["params.npz", "twin.json"]
-    for word in ("epsilon =", "delta =", "sigma =", "steps = 10", "read from the data WITHOUT privacy",
+    for word in ("epsilon =", "delta =", "sigma =", "steps = 10", "schema    read privately in the budget above",
                  str(out_csv), str(rep), str(mod), "time"):
         assert word in out, word
-    assert "WARNING" in err  # schema inference warned before the fit
+    assert "WITHOUT privacy" not in out + err and "read privately" in err  # said before the fit
     # nothing else was left in the directory
     assert sorted(os.listdir(tmp_path)) == ["in.csv", "model", "out.csv", "report"]
+
+
+_DATA = ("--schema-inference", "data")
 
 
 def _bad_cases(tmp_path):
@@ -87,9 +92,10 @@ def _bad_cases(tmp_path):
         ("missing file", [d / "nope.csv", d / "o.csv", "--epsilon", "1"], "not found"),
         ("empty file", [empty, d / "o.csv", "--epsilon", "1"], "is empty"),
         ("no records", [header_only, d / "o.csv", "--epsilon", "1"], "no rows"),
-        ("column entirely missing", [all_missing, d / "o.csv", "--epsilon", "1"], "entirely missing"),
-        ("thousands of levels", [many, d / "o.csv", "--epsilon", "1"], "2000 distinct values"),
-        ("text in numeric column", [text_num, d / "o.csv", "--epsilon", "1"], "non-numeric"),
+        # errors that quote the data exist only where the schema is read outside epsilon
+        ("column entirely missing", [all_missing, d / "o.csv", "--epsilon", "1", *_DATA], "entirely missing"),
+        ("thousands of levels", [many, d / "o.csv", "--epsilon", "1", *_DATA], "2000 distinct values"),
+        ("text in numeric column", [text_num, d / "o.csv", "--epsilon", "1", *_DATA], "non-numeric"),
         ("output is input", [good, good, "--epsilon", "1"], "is the input file"),
         ("bad schema file", [good, d / "o.csv", "--epsilon", "1", "--schema", d / "none.json"], "not found"),
         ("unknown target", [good, d / "o.csv", "--epsilon", "1", "--target", "zzz"], "not a column"),
@@ -306,7 +312,8 @@ def no_fit(monkeypatch):
 def test_a_target_the_report_cannot_predict_is_refused_before_the_fit(tmp_path, capsys, no_fit, target, message):
     frame = good_frame().assign(id=np.arange(120))
     inp, out_csv = write_csv(tmp_path / "in.csv", frame), tmp_path / "out.csv"
-    code, out, err = run_main([inp, out_csv, "--epsilon", "1", "--target", target, "--max-levels", "200"], capsys)
+    code, out, err = run_main([inp, out_csv, "--epsilon", "1", "--target", target, "--max-levels", "200", *_DATA],
+                              capsys)
     assert code == EXIT_BAD_INPUT and f"--target '{target}'" in err and message in err
     assert "Traceback" not in err and not out_csv.exists()
 
@@ -489,7 +496,7 @@ def test_an_output_directory_that_is_not_writable_is_refused_before_reading(tmp_
 
 def test_errors_name_the_options_not_the_arguments(tmp_path, capsys):
     inp = write_csv(tmp_path / "in.csv", good_frame())
-    code, out, err = run_main([inp, tmp_path / "out.csv", "--epsilon", "1", "--max-levels", "2"], capsys)
+    code, out, err = run_main([inp, tmp_path / "out.csv", "--epsilon", "1", "--max-levels", "2", *_DATA], capsys)
     assert code == EXIT_BAD_INPUT and "--max-levels 2" in err and "max_levels" not in err
     import d3p.__main__ as top   # the same wording in twin-schema
 
@@ -613,3 +620,34 @@ def test_the_summary_says_once_how_sigma_follows_from_epsilon(private):
         assert text.count("epsilon") == 2 and "calibrated" not in lines[2]   # the figure, and the reference to it
     else:
         assert "sigma = 0, no noise, with q = 0.125 and steps = 321;" in noise and "calibrated" not in text
+
+
+def test_private_schema_reads_odd_tables_without_an_error(tmp_path, capsys):
+    """The tables that the schema read outside epsilon refuses (a column entirely missing, thousands of
+    levels, text in a numeric column) are read privately without an error or a warning that depends on
+    them, and without reading anything outside epsilon."""
+    for name, args, _ in _bad_cases(tmp_path)[3:6]:
+        code, out, err = run_main([a for a in args if a not in _DATA] + ["--seed", "1", "--no-progress",
+                                                                          "--overwrite"], capsys)
+        assert code == 0, (name, err)
+        assert "read privately" in err and "WITHOUT privacy" not in out + err, name
+
+
+def test_strict_refuses_the_schema_read_outside_epsilon(tmp_path, capsys):
+    inp = write_csv(tmp_path / "in.csv", good_frame())
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--strict", *_DATA], capsys)
+    assert code == EXIT_BAD_INPUT and "--schema-inference private" in err and "strict" in err
+    assert not (tmp_path / "o.csv").exists()
+    code, out, err = run_main([inp, tmp_path / "o.csv", "--epsilon", "1", "--strict", "--schema-share", "0.2",
+                               "--family", "marginal", "--no-progress", "--seed", "0"], capsys)
+    assert code == 0, err
+    assert "0.2 of rho" in out
+
+
+def test_a_target_with_one_class_in_the_private_schema_is_refused_before_the_fit(tmp_path, capsys, no_fit):
+    """120 records are too few for the schema read privately to keep the target's two levels: the
+    report could not train a classifier, so the run stops before the fit, saying why."""
+    inp, out_csv = write_csv(tmp_path / "in.csv", good_frame()), tmp_path / "out.csv"
+    code, out, err = run_main([inp, out_csv, "--epsilon", "1", "--target", "flag", "--seed", "0"], capsys)
+    assert code == EXIT_BAD_INPUT and "at least two classes" in err and "give the column's levels" in err
+    assert "Traceback" not in err and not out_csv.exists()

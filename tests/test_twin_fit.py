@@ -98,7 +98,7 @@ def fitted():
     try:
         with pytest.warns(SchemaInferenceWarning):
             tw = twin.fit(df, EPS, rng_key=d3p.random.PRNGKey(1), num_components=2, num_steps=STEPS,
-                          q=0.2, progress_bar=False)
+                          q=0.2, progress_bar=False, schema_inference="data")
     finally:
         mp.undo()
     return types.SimpleNamespace(df=df, twin=tw, noise_calls=noise_calls, run_calls=run_calls,

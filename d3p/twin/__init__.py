@@ -11,6 +11,7 @@ post-processing and carry the same guarantee. See ``docs/twin.md``.
 >>> synthetic = twin.generate(1000, rng_key=0)  # doctest: +SKIP
 """
 
+from d3p.twin._schema_private import SCHEMA_SHARE, PrivateSchema, infer_schema_private, plan_schema
 from d3p.twin.inference import TwinResult, choose_family, default_num_steps, default_q, fit, load
 from d3p.twin.marginal import MarginalModel
 from d3p.twin.metrics import (
@@ -36,6 +37,7 @@ __all__ = [
     "fit", "load", "TwinResult", "default_num_steps", "default_q", "choose_family",
     # schemas
     "Schema", "ColumnSpec", "infer_schema", "SchemaInferenceWarning", "TwinInputError",
+    "infer_schema_private", "PrivateSchema",
     # the models: marginal tables and a graphical model, or a mixture fitted with DP-VI
     "MarginalModel", "MixtureModel", "MixtureGuide", "MixtureOfProducts", "default_num_components",
     # utility metrics and the report (NOT private: they read the real data)

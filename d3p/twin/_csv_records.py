@@ -143,10 +143,12 @@ def read_records(data: bytes) -> Optional[Tuple[List[str], List[List[str]]]]:
     return header, records
 
 
-def records_frame(data: bytes, *, text_columns: Sequence[str] = (), na_values: Optional[Sequence[str]] = None):
+def records_frame(data: bytes, *, text_columns: Sequence[str] = (), na_values: Optional[Sequence[str]] = None,
+                  all_text: bool = False):
     """The table of a file's ``data``: one row per record of :func:`read_records`.
 
-    The columns ``text_columns`` are read as text, value by value; the others
+    The columns ``text_columns`` (every column with ``all_text``: the schema is then read
+    privately, value by value) are read as text, value by value; the others
     are typed by pandas (schema inference, outside epsilon). Missing values:
     empty fields, pandas' default missing-value strings and ``na_values``.
     The fields reach pandas fully quoted, one record per line, so that no
@@ -167,7 +169,7 @@ def records_frame(data: bytes, *, text_columns: Sequence[str] = (), na_values: O
     writer.writerow(header)
     writer.writerows(records)
     text = out.getvalue()
-    as_text = {name: str for name in text_columns}
+    as_text = str if all_text else {name: str for name in text_columns}
     # low_memory=False: pandas would otherwise type a column chunk by chunk and
     # warn (DtypeWarning) when one record makes the chunks' types differ
     frame = pd.read_csv(io.StringIO(text), skip_blank_lines=False, dtype=as_text, na_values=na_values,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -50,8 +51,8 @@ EXIT_BAD_INPUT = 2
 _DESCRIPTION = (
     "Fit a differentially private synthetic twin of a CSV table (noisy marginal tables and a graphical "
     "model, or a mixture fitted with DP-VI: see --family) and write synthetic records. The synthetic data carry the (epsilon, delta) guarantee for the records of INPUT, "
-    "except for schema information read from the data (levels, bounds, missingness), which is "
-    "listed in the summary: pass --schema to supply it from public knowledge instead. The report "
+    "schema included: the fields --schema does not give (kinds, levels, bounds, missingness) are read "
+    "privately with a share of the budget (--schema-share); N and the column names are public. The report "
     "(--report-dir) shows statistics of the REAL data and is not private."
 )
 
@@ -72,6 +73,7 @@ _OPTIONS = {"epsilon": "--epsilon", "delta": "--delta", "num_components": "--com
             "q": "--q", "sampling": "--sampling", "clipping_threshold": "--clip", "learning_rate": "--learning-rate",
             "max_levels": "--max-levels", "family": "--family", "target": "--target",
             "adaptive_clipping": "--adaptive-clipping", "count_noise": "--adaptive-clipping",
+            "schema_inference": "--schema-inference", "schema_share": "--schema-share", "strict": "--strict",
             "relation": "--sampling"}
 _VALUES = {"sampling": {"fixed_size": "fixed"}, "relation": {"add_remove": "poisson", "substitute": "fixed"}}
 #: The options that set up the mixture fitted with DP-VI (they select it with --family auto).
@@ -139,6 +141,13 @@ def add_twin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--schema", default=None, metavar="schema.json",
                         help="JSON schema with public column information (levels, bounds, nullable, decimals); "
                              "fields it leaves out are read from the data, with a warning")
+    parser.add_argument("--schema-inference", choices=("private", "data"), default="private",
+                        help="how the fields --schema leaves out are read: 'private' (default: in the budget) or "
+                             "'data' (outside epsilon, delta; listed in the summary)")
+    parser.add_argument("--schema-share", type=_OPEN_UNIT, default=0.1, metavar="S",
+                        help="share of the budget (zCDP rho) spent reading the schema privately (default 0.1)")
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse to run if anything released would be read from the data outside epsilon, delta")
     parser.add_argument("--seed", type=_seed, default=None,
                         help="seed for the noise and sampling (default: fresh OS entropy)")
     parser.add_argument("--report-dir", default=None, metavar="DIR",
@@ -243,7 +252,7 @@ def _check_paths(args) -> None:
                 raise _BadInput(f"{what} {path!r} exists and is not a {'directory' if is_dir else 'file'}")
 
 
-def _read_csv(args, schema=None):
+def _read_csv(args, schema=None, all_text: bool = False):
     """The input table.
 
     With a schema (``--schema``), every line after the header is exactly one
@@ -264,14 +273,14 @@ def _read_csv(args, schema=None):
     """
     import pandas as pd
 
-    if schema is not None:
+    if schema is not None or all_text:
         from d3p.twin._csv_records import CarriageReturnInHeader, records_frame
 
         with open(args.input, "rb") as f:
             content = f.read()
-        as_text = [c.name for c in schema.columns if c.missing_fields() in ([], ["dtype"])]
+        as_text = [c.name for c in schema.columns if c.missing_fields() in ([], ["dtype"])] if schema else []
         try:
-            frame = records_frame(content, text_columns=as_text, na_values=args.na_values)
+            frame = records_frame(content, text_columns=as_text, na_values=args.na_values, all_text=all_text)
         except CarriageReturnInHeader as e:
             raise _BadInput(f"input file {args.input!r}: {e}") from None
         if frame is None:
@@ -317,13 +326,18 @@ def _run(args) -> int:
     from d3p.twin.schema import TwinInputError
 
     try:
-        data, schema = _read_inputs(args)
-        # the report's real data: with --schema the records as the schema maps
-        # them, i.e. as the twin sees them (the columns it describes were read as text)
-        report_data = _report_data(args, data, schema)
-        _check_target(args, report_data, schema)
         key, seed_text = _rng_key(args)
-        twin = _fit(args, data, schema, key, ledger)
+        recorded = len(ledger) if ledger is not None else 0
+        data, schema, private = _read_inputs(args, key=key, ledger=ledger)
+        try:
+            # the report's real data: with --schema or a private schema the records as the
+            # schema maps them, i.e. as the twin sees them (the columns were read as text)
+            report_data = _report_data(args, data, schema, private)
+            _check_target(args, report_data, schema)
+            twin = _fit(args, data, private or schema, key, ledger)
+        except (ValueError, TwinInputError):
+            _keep_schema_release(args, ledger, private, recorded)
+            raise
         if ledger is not None:
             _save_ledger(args, ledger, twin)
         num_synthetic = args.num_synthetic or len(data)
@@ -343,10 +357,10 @@ def _run(args) -> int:
     return 0
 
 
-def _report_data(args, data, schema):
-    """The real records the report compares with: with ``--schema``, as the
+def _report_data(args, data, schema, private=None):
+    """The real records the report compares with: with ``--schema`` or a private schema, as the
     schema maps them (as the twin sees them); else as read."""
-    return schema.decode(schema.encode(data)) if args.schema is not None else data
+    return schema.decode(schema.encode(data)) if args.schema is not None or private is not None else data
 
 
 def _check_report_needs(args) -> None:
@@ -378,22 +392,34 @@ def _check_target(args, report_data, schema) -> None:
                         "it; --no-utility without --report-dir skips them)") from None
 
 
-def _read_inputs(args, *, command: str = "twin"):
-    """The table and its completed schema; says, in one line, whether schema
-    fields were read from the data (``twin`` lists them in its summary,
-    ``twin-schema`` in the schema it prints)."""
-    from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, SchemaInferenceWarning, infer_schema
+def _read_inputs(args, *, command: str = "twin", key=None, ledger=None):
+    """The table, its completed schema and, where its fields were read privately (``twin``'s default),
+    their release; says, in one line, whether schema fields were read from the data outside epsilon
+    (``twin`` lists them in its summary, ``twin-schema`` in the schema it prints)."""
+    from d3p.twin import _fit_plan
+    from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, SchemaInferenceWarning
 
     given = Schema.load(args.schema) if args.schema else None
-    data = _read_csv(args, given)
+    private_path = command == "twin" and args.schema_inference == "private" and math.isfinite(args.epsilon)
+    data = _read_csv(args, given, all_text=private_path)
     columns = [str(c) for c in data.columns]
     if args.target is not None and args.target not in columns:
         raise _BadInput(f"--target {args.target!r} is not a column of the input (columns: {columns})")
+    how = args.schema_inference if command == "twin" else "data"
+    share = args.schema_share if command == "twin" else 0.1
+    if command == "twin":
+        _fit_plan.check_schema_options(data, args.epsilon, given, how, share, args.strict)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SchemaInferenceWarning)  # said below, in the options' terms
-        schema = infer_schema(data, given, max_levels=args.max_levels or DEFAULT_MAX_LEVELS)
+        schema, private = _fit_plan.resolve_schema(data, args.epsilon if command == "twin" else math.inf,
+                                                   getattr(args, "delta", None), key, given, how, share,
+                                                   getattr(args, "sampling", "poisson"),
+                                                   args.max_levels or DEFAULT_MAX_LEVELS, ledger)
     print(f"d3p {command}: read {plural(len(data), 'record')} x {plural(len(schema), 'column')} from "
           f"{args.input}", file=sys.stderr)
+    if private is not None:
+        print(f"d3p {command}: schema fields of {plural(len(private.columns), 'column')} read privately, with "
+              f"{args.schema_share:g} of the budget (inside epsilon, delta)", file=sys.stderr)
     where = "in the summary at the end" if command == "twin" else "below"
     before = given.inferred_fields() if given is not None else {}
     new = [c for c, fields in schema.inferred_fields().items() if set(fields) - set(before.get(c, ()))]
@@ -403,7 +429,7 @@ def _read_inputs(args, *, command: str = "twin"):
     elif before:
         print(f"WARNING: {args.schema} marks schema fields of {plural(len(before), 'column')} as read from the "
               f"data ('inferred'): not covered by epsilon, delta (listed {where})", file=sys.stderr)
-    return data, schema
+    return data, schema, private
 
 
 def _rng_key(args):
@@ -465,6 +491,21 @@ def _ledger_lines(args, ledger, twin) -> List[str]:
     return lines
 
 
+def _keep_schema_release(args, ledger, private, recorded: int) -> None:
+    """Where the run stops after the schema was read privately, the ledger keeps that release (recorded
+    by the fit, or here as zCDP) and is saved, and the user is told."""
+    if ledger is None or private is None:
+        return
+    from d3p.twin._schema_private import schema_releases
+
+    if len(ledger) == recorded:
+        for release in schema_releases(private.plan):
+            ledger.record(release)
+    _save_ledger(args, ledger, None)
+    print(f"d3p twin: the schema was read privately before the error: its release is recorded in {args.ledger}",
+          file=sys.stderr)
+
+
 def _fit(args, data, schema, key, ledger=None):
     from d3p.svi import AdaptiveClipping
     from d3p.twin.inference import DEFAULT_CLIPPING_THRESHOLD, DEFAULT_LEARNING_RATE, fit
@@ -485,7 +526,8 @@ def _fit(args, data, schema, key, ledger=None):
                    clipping_threshold=args.clip or DEFAULT_CLIPPING_THRESHOLD,
                    learning_rate=args.learning_rate or DEFAULT_LEARNING_RATE,
                    max_levels=args.max_levels or DEFAULT_MAX_LEVELS, target=args.target,
-                   progress_bar=not args.no_progress, ledger=ledger,
+                   progress_bar=not args.no_progress, ledger=ledger, schema_inference=args.schema_inference,
+                   schema_share=args.schema_share, strict=args.strict,
                    adaptive_clipping=(None if args.adaptive_clipping is None
                                       else AdaptiveClipping(target_quantile=args.adaptive_clipping)))
     _report_warnings(caught)
@@ -581,6 +623,10 @@ def _summary(args, twin, *, num_records: int, num_synthetic: int, seed_text: str
         lines.append(f"  noise     sigma = {p['sigma']:.4g}, {how}; {clip}, seed: {seed_text}")
         lines.append(f"  model     {twin.model_spec.get('num_components')}-component mixture, "
                      f"{plural(len(twin.schema), 'column')}, {plural(num_records, 'record')} (N treated as public)")
+    if p.get("schema"):
+        s = p["schema"]
+        lines.append(f"  schema    read privately in the budget above: {plural(len(s['columns']), 'column')}, "
+                     f"{s['share']:g} of rho; a text level only above {s['level_threshold']:.0f} noisy records")
     lines.append(f"  time      {seconds:.1f} s (fit {twin.fit_info['seconds']:.1f} s)")
     lines += _noise_lines(args, twin, num_records)
     lines += _not_covered_lines(args, twin)
@@ -695,7 +741,7 @@ def main_twin_schema(args: argparse.Namespace, parser: Optional[argparse.Argumen
     try:
         args.report_dir = args.save_model = args.target = args.ledger = None
         _check_paths(args)
-        data, schema = _read_inputs(args, command="twin-schema")
+        data, schema, _ = _read_inputs(args, command="twin-schema")
         tmp = _io.temporary_file_for(args.output)
         try:
             schema.save(tmp)

@@ -28,12 +28,13 @@ import d3p.random
 from d3p import _adaptive, _validate, accounting, dputil, minibatch
 from d3p.ledger import PrivacyLedger, ZCDPRelease
 from d3p.svi import DPSVI
-from d3p.twin import _mixture_setups
+from d3p.twin import _fit_plan, _mixture_setups
 from d3p.twin._io import atomic_directory
 from d3p.twin.cells import CellSpace
 from d3p.twin.marginal import MarginalModel, fit_marginals, one_way_shares, plan_marginals
 from d3p.twin.model import DEFAULT_CONTINUOUS_GAIN, MixtureGuide, MixtureModel, guide_sample_numpy, mixture_sample_numpy
-from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, TwinInputError, check_frame, check_type, infer_schema
+from d3p.twin._schema_private import SCHEMA_SHARE
+from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, TwinInputError, check_frame, check_type
 from d3p.version import VERSION
 
 __all__ = ["fit", "TwinResult", "load", "default_num_steps", "default_q", "cosine_decay", "choose_family",
@@ -421,79 +422,79 @@ def fit(data: pd.DataFrame, epsilon: float, delta: Optional[float] = None, *, rn
         learning_rate: float = DEFAULT_LEARNING_RATE, optimizer=None, accountant: str = "fourier",
         max_levels: int = DEFAULT_MAX_LEVELS, target: Optional[Union[str, Sequence[str]]] = None,
         progress_bar: bool = True, ledger: Optional[PrivacyLedger] = None,
-        adaptive_clipping=None) -> TwinResult:
+        adaptive_clipping=None, schema_inference: str = "private", schema_share: float = SCHEMA_SHARE,
+        strict: bool = False) -> TwinResult:
     """Fit a synthetic-data twin of ``data`` at the target (ε, δ).
 
-    Steps: (1) complete the schema (:func:`infer_schema`: what it reads from the data is warned
-    about and recorded in ``privacy["not_covered"]``); (2) encode the table (:meth:`Schema.encode`:
-    each record on its own, outside values mapped by public rules, never an error); (3) choose the
-    model family (``family="auto"``: :func:`choose_family`, from the schema, N, ε and δ) and fit it:
-
-    * ``"marginal"``: a graphical model fitted to noisy, privately chosen
-      marginal tables (:mod:`d3p.twin.marginal`; the Gaussian and exponential
-      mechanisms in one zCDP budget, converted to (ε, δ));
-    * ``"mixture"``: calibrate σ for (ε, δ, q, T) with the accounting of the sampler
-      (:func:`d3p.accounting.accounting_for`), initialise on public placeholder records and run
-      :meth:`d3p.svi.DPSVI.run` with that σ and sampler for T steps; the model is :class:`MixtureModel`
-      or a user ``model`` following the contract of :mod:`d3p.twin.model`, the guide
-      :class:`MixtureGuide` for the default model, else :class:`~numpyro.infer.autoguide.AutoDiagonalNormal`.
+    Steps: (1) complete the schema: the fields it leaves out are read privately, in the budget
+    (:func:`d3p.twin.infer_schema_private`, ``schema_share`` of the ρ and a tenth of δ: the default),
+    or with ``schema_inference="data"`` outside ε (:func:`infer_schema`, warned, in
+    ``privacy["not_covered"]``); a complete schema spends nothing; (2) encode the table
+    (:meth:`Schema.encode`: each record on its own, by public rules, never an error); (3) choose the
+    family (``"auto"``: :func:`choose_family`, from the schema, N, ε and δ) and fit it: ``"marginal"``,
+    a graphical model fitted to noisy, privately chosen marginal tables (:mod:`d3p.twin.marginal`, in
+    one zCDP budget); ``"mixture"``, :meth:`d3p.svi.DPSVI.run` with σ calibrated for (ε, δ, q, T) and
+    the sampler (:func:`d3p.accounting.accounting_for`), from public placeholder records; the model
+    :class:`MixtureModel` or a user ``model`` (contract: :mod:`d3p.twin.model`), the guide
+    :class:`MixtureGuide` for the default model, else ``AutoDiagonalNormal``.
 
     :param pandas.DataFrame data: the private table (never modified, never stored).
-    :param float epsilon: target ε > 0; ``inf`` fits without privacy
-        (no noise, for comparison).
+    :param float epsilon: target ε > 0; ``inf`` fits without privacy (for comparison).
     :param float delta: target δ in (0, 1); default ``1 / N**2``.
     :param rng_key: a ``d3p.random`` key (``d3p.random.PRNGKey()``: fresh entropy), a
         JAX key (:func:`d3p.random.as_key`) or an int seed; the noise is as secret as it.
-    :param schema: a :class:`Schema` or its dict; fields it leaves out are
-        inferred (with a :class:`SchemaInferenceWarning`).
-    :param str family: ``"auto"`` (default), ``"marginal"`` or ``"mixture"``
-        (``"auto"`` with a user model or a DP-VI setting: the mixture).
-    :param model: a NumPyro model (contract above); default :class:`MixtureModel`.
-    :param guide: a NumPyro guide for ``model`` (default above).
-    :param int num_components: K for the default model (default
-        :func:`~d3p.twin.model.default_num_components`).
-    :param int num_steps: T (default :func:`default_num_steps`).
-    :param float q: sampling probability (default :func:`default_q`).
-    :param str sampling: ``"poisson"`` (default: add/remove relation) or
-        ``"fixed"`` (substitute relation; for the marginal family, the count
-        tables' sensitivities under substitution).
+    :param schema: a :class:`Schema` or its dict (the fields it leaves out are read as
+        ``schema_inference`` says), or the :class:`~d3p.twin.PrivateSchema` of
+        :func:`~d3p.twin.infer_schema_private` for this fit's ε, δ and sampling.
+    :param str family: ``"auto"`` (default), ``"marginal"`` or ``"mixture"`` (``"auto"`` with a
+        user model or a DP-VI setting: the mixture).
+    :param model: a NumPyro model (contract above); ``guide``: its guide (default above).
+    :param int num_components: K of the default model (:func:`~d3p.twin.model.default_num_components`).
+    :param int num_steps: T (default :func:`default_num_steps`); ``q``: sampling probability (:func:`default_q`).
+    :param str sampling: ``"poisson"`` (default: add/remove) or ``"fixed"`` (substitute relation).
     :param float clipping_threshold: C (default 1.0; the first C with ``adaptive_clipping``).
-    :param float learning_rate: Adam's step size (default 0.05), :func:`cosine_decay` to 5%.
-    :param optimizer: instead of Adam, any optimizer :class:`DPSVI` accepts.
+    :param float learning_rate: Adam's step size (default 0.05), :func:`cosine_decay` to 5%;
+        ``optimizer``: instead of Adam, any optimizer :class:`DPSVI` accepts.
     :param str accountant: ``"fourier"`` (default), ``"rdp"`` or ``"pld"`` (mixture).
-    :param int max_levels: see :func:`infer_schema`.
+    :param int max_levels: the most levels of a categorical column whose levels are read.
     :param target: column(s) a downstream model will predict (public): the marginal
         family spends a third of its rounds on tables holding it; the mixture ignores it.
-    :param bool progress_bar: show the progress of the fit.
-    :param ledger: a :class:`d3p.ledger.PrivacyLedger`: the twin is refused before the fit if it would
-        pass its budget, and its release recorded once fitted (DP-VI steps, or the total ρ as zCDP).
-    :param adaptive_clipping: None (C fixed), True or a :class:`d3p.svi.AdaptiveClipping` (mixture):
-        C follows a private quantile of the gradient norms, σ is calibrated for gradients and counts.
+    :param ledger: a :class:`d3p.ledger.PrivacyLedger`: refused before reading (the schema) and before
+        the fit (the model) if it would pass its budget; every release recorded. ``progress_bar``: a bar.
+    :param adaptive_clipping: None (C fixed), True or a :class:`d3p.svi.AdaptiveClipping` (mixture).
+    :param str schema_inference: ``"private"`` (default) or ``"data"`` (outside ε, warned; also the
+        path of ``epsilon=inf``); ``schema_share``: the share of ρ for a private schema, default 0.1.
+    :param bool strict: refuse, before reading, whatever would read the data outside ε
+        (``schema_inference="data"`` with an incomplete schema, fields marked ``inferred``, ε = inf).
     :return: :class:`TwinResult`.
-    :raises TwinInputError: on an unusable schema, and only where the schema is inferred (outside ε)
-        on unusable data; never for a record's value.
+    :raises TwinInputError: on an unusable schema; on unusable data only with ``schema_inference="data"``.
     :raises ValueError: on invalid arguments (named in the message).
 
-    **Formal guarantees.** Given the schema S and N, the released parameters (and every table generated
-    from them) are (ε, δ)-DP under the relation of ``sampling``. Mixture: ε from the accountant for the
-    sampler used, δ with the Poisson padding-overflow term; the data enter only through
-    :meth:`Schema.encode` (per record, silent) into :meth:`DPSVI.run`. Marginal:
-    :func:`d3p.twin.marginal.fit_marginals` (zCDP). S is NOT private where read from the data
-    (``privacy["not_covered"]``); N is public; ``epsilon=inf`` is not private, nor is ``TwinResult.losses``.
+    **Formal guarantees.** Given N and the column names, the schema read privately (the default) and the
+    released parameters (and every table generated from them) are together (ε, δ)-DP under the relation of
+    ``sampling``: the schema's Gaussian part is composed with the model's mechanism by the same accountant,
+    its δ share covers its text levels. Given a complete schema, the same holds for the parameters. Mixture:
+    ε from the sampler's accountant, δ with the Poisson overflow term; the data enter only through
+    :meth:`Schema.encode` into :meth:`DPSVI.run`. Marginal: :func:`d3p.twin.marginal.fit_marginals`
+    (zCDP). Not private: a schema read with ``schema_inference="data"``, ``epsilon=inf``, ``losses``.
     """
     t0 = time.monotonic()
     epsilon, key, sampling, clipping_threshold, learning_rate, target, family = _check_arguments(
         data, epsilon, rng_key, sampling, clipping_threshold, learning_rate, model, guide, target, family)
-    schema = infer_schema(data, schema, max_levels=max_levels)
-    x = schema.encode(data)
+    schema_inference, schema_share = _fit_plan.check_schema_options(data, epsilon, schema, schema_inference,
+                                                                    schema_share, strict)
     if ledger is not None and not isinstance(ledger, PrivacyLedger):
         raise TypeError(f"Expected ledger to be a d3p.ledger.PrivacyLedger, got {type(ledger).__name__}.")
+    schema, private = _fit_plan.resolve_schema(data, epsilon, delta, key, schema, schema_inference, schema_share,
+                                               sampling, max_levels, ledger)
+    x = schema.encode(data)
     if _resolve_family(family, schema, x.shape[0], epsilon, delta,
                        (model, num_components, num_steps, q, optimizer, adaptive_clipping)) == "marginal":
-        return _fit_marginal(schema, x, epsilon, delta, key, sampling, progress_bar, t0, target, ledger)
-    plan = _privacy_plan(x.shape[0], epsilon, delta, q, num_steps, sampling, accountant)
+        return _fit_marginal(schema, x, epsilon, delta, key, sampling, progress_bar, t0, target, ledger, private)
+    plan = _privacy_plan(x.shape[0], epsilon, delta, q, num_steps, sampling, accountant,
+                         private.plan if private is not None else None)
     return _fit_mixture(schema, x, plan, key, model, guide, num_components, clipping_threshold, learning_rate,
-                        optimizer, progress_bar, t0, ledger, adaptive_clipping)
+                        optimizer, progress_bar, t0, ledger, adaptive_clipping, private)
 
 
 def _check_target(target, data: pd.DataFrame) -> Tuple[str, ...]:
@@ -525,7 +526,8 @@ def _resolve_family(family: str, schema: Schema, num_records: int, epsilon: floa
 
 def _fit_mixture(schema: Schema, x: np.ndarray, plan: "_Plan", key, model, guide, num_components,
                  clipping_threshold: float, learning_rate: float, optimizer, progress_bar: bool,
-                 t0: float, ledger: Optional[PrivacyLedger] = None, adaptive_clipping=None) -> TwinResult:
+                 t0: float, ledger: Optional[PrivacyLedger] = None, adaptive_clipping=None,
+                 private=None) -> TwinResult:
     """:func:`fit` with ``family="mixture"``: DP-VI with the plan's σ and sampler
     (with adaptive clipping, the plan's σ is the effective one of the gradient
     sums and the counts, and the gradient's own σ follows from it)."""
@@ -536,6 +538,8 @@ def _fit_mixture(schema: Schema, x: np.ndarray, plan: "_Plan", key, model, guide
     setup = _mixture_setup(schema, plan, model, guide, num_components, clipping_threshold, learning_rate, optimizer,
                            adaptive, dp_scale)
     svi, model, model_spec, guide, guide_spec = setup.svi, setup.model, setup.model_spec, setup.guide, setup.guide_spec
+    for release in _fit_plan.schema_releases(plan.schema, plan.sampler.name) if ledger is not None else ():
+        ledger.record(release)
     result = _run(svi, setup.init, schema, x, plan, key, progress_bar, ledger)
     fit_info = _fit_info(plan, learning_rate, clipping_threshold, optimizer, seconds=time.monotonic() - t0)
     fit_info["adaptive_clipping"] = None if adaptive is None else {
@@ -543,18 +547,25 @@ def _fit_mixture(schema: Schema, x: np.ndarray, plan: "_Plan", key, model, guide
         "count_noise": adaptive.count_std(dp_scale), "gradient_sigma": dp_scale,
         "final_clipping_threshold": float(result.state.clipping_threshold)}
     return TwinResult(schema, model, guide, result.params, num_records=plan.num_records, model_spec=model_spec,
-                      guide_spec=guide_spec, privacy=_privacy_record(plan, result, clipping_threshold, schema),
+                      guide_spec=guide_spec, privacy=_privacy_record(plan, result, clipping_threshold, schema, private),
                       fit_info=fit_info, losses=np.asarray(result.losses))
 
 
 def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sampling: str, progress_bar: bool,
-                  t0: float, targets: Tuple[str, ...] = (), ledger: Optional[PrivacyLedger] = None) -> TwinResult:
-    """:func:`fit` with ``family="marginal"``: the private rounds of :mod:`d3p.twin.marginal`."""
+                  t0: float, targets: Tuple[str, ...] = (), ledger: Optional[PrivacyLedger] = None,
+                  private=None) -> TwinResult:
+    """:func:`fit` with ``family="marginal"``: the private rounds of :mod:`d3p.twin.marginal` (in the
+    ρ a private schema leaves: ``zcdp_rho(ε, δ - δ_thr)`` less its own)."""
     num_records = x.shape[0]
     delta = _validate.open_unit("delta", 1.0 / num_records**2 if delta is None else delta)
     relation = accounting.accounting_for(sampling).relation
     space = CellSpace(schema)
-    plan = plan_marginals(epsilon, delta, len(schema), relation=relation)
+    s = private.plan if private is not None else None
+    delta_model = delta - (s.delta_threshold if s is not None else 0.0)
+    rho = None if s is None else accounting.zcdp_rho(epsilon, delta_model) - s.rho
+    plan = plan_marginals(epsilon, delta, len(schema), relation=relation, rho=rho)
+    for release in _fit_plan.schema_releases(s) if ledger is not None else ():
+        ledger.record(release)
     if ledger is not None:   # refused before the fit if the planned ρ would pass the budget
         ledger.check(ZCDPRelease("marginal twin (planned)", plan.rho, str(relation)))
     bar = None
@@ -574,10 +585,12 @@ def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sam
     if ledger is not None:
         ledger.record(ZCDPRelease(f"marginal twin: {_validate.plural(len(budget.ledger), 'release')}", budget.spent,
                                   str(relation)))
-    eps = budget.epsilon(delta) if math.isfinite(budget.spent) else math.inf
+    spent = budget.spent + (s.rho if s is not None else 0.0)
+    eps = accounting.zcdp_epsilon(spent, delta_model) if math.isfinite(spent) else math.inf
     privacy = {
         "epsilon": eps, "target_epsilon": epsilon, "delta": delta if math.isfinite(eps) else None,
-        "rho": budget.spent, "relation": _relation_name(relation), "sampling": sampling,
+        "rho": spent, "relation": _relation_name(relation), "sampling": sampling,
+        "schema": None if private is None else private.record(),
         "mechanism": "zCDP: Gaussian noise on marginal tables, exponential mechanism for their choice",
         "num_measurements": len(measurements), "num_releases": len(budget.ledger),
         "measured": [list(m.clique) for m in measurements],
@@ -611,58 +624,17 @@ def _check_arguments(data, epsilon, rng_key, sampling, clipping_threshold, learn
     return epsilon, key, sampling, clipping_threshold, learning_rate, _check_target(target, data), family
 
 
-class _Plan(NamedTuple):
-    """The public settings of a fit and their accounting (no private value)."""
-
-    num_records: int
-    epsilon: float  # the target
-    delta: float  # the target, which includes the overflow term
-    delta_run: float  # what DPSVI.run accounts for: delta - overflow
-    overflow: float  # probability that a Poisson batch overflows its padded size
-    q: float  # the sampler's sampling probability
-    num_steps: int
-    sampling: str
-    sampler: object
-    relation: object
-    sigma: float
-    accountant: str
-    run_kwargs: dict
+_Plan = _fit_plan.Plan
 
 
-def _privacy_plan(num_records: int, epsilon: float, delta, q, num_steps, sampling: str, accountant: str) -> _Plan:
-    """Defaults and checks of (δ, q, T), the sampler, its accounting
-    (:func:`d3p.accounting.accounting_for`, the one mapping from a sampler to
-    its neighbouring relation and dominating pair) and σ calibrated to (ε, δ)."""
-    N = num_records
-    delta = _validate.open_unit("delta", 1.0 / N**2 if delta is None else delta)
-    q = _validate.probability("q", default_q(N) if q is None else q)
-    num_steps = _validate.integer("num_steps", default_num_steps(N, q) if num_steps is None else num_steps,
+def _privacy_plan(num_records: int, epsilon: float, delta, q, num_steps, sampling: str, accountant: str,
+                  schema=None) -> _Plan:
+    """Defaults and checks of (q, T), then :func:`d3p.twin._fit_plan.privacy_plan` (the sampler, its
+    accounting and σ calibrated to (ε, δ) with the schema's release, if private)."""
+    q = _validate.probability("q", default_q(num_records) if q is None else q)
+    num_steps = _validate.integer("num_steps", default_num_steps(num_records, q) if num_steps is None else num_steps,
                                   minimum=1)
-    if sampling == "poisson":
-        sampler = minibatch.PoissonSampler(N, q)
-        run_kwargs = {"q": q, "sampling": "poisson"}
-    else:
-        batch_size = minibatch.q_to_batch_size(q, N)
-        sampler = minibatch.FixedSizeSampler(N, batch_size)
-        run_kwargs = {"batch_size": batch_size, "sampling": "fixed"}
-    acc = accounting.accounting_for(sampler.name)
-    overflow = acc.overflow_delta(N, sampler.q, sampler.max_batch_size, num_steps, epsilon)
-    delta_run = delta - overflow
-    if not delta_run > 0.5 * delta:
-        raise ValueError(
-            f"Expected q to be small enough for Poisson sampling of N={N} records, got q={q}: the padded "
-            f"batch ({sampler.max_batch_size} records) would overflow for a neighbouring data set with "
-            f"probability {overflow:.3g} (added to delta={delta:g}). Use q=0.5 or less, or "
-            "sampling='fixed'."
-        )
-    q_used = float(sampler.q)
-    if math.isinf(epsilon):
-        sigma = 0.0
-    else:
-        sigma, _, _ = dputil.calibrate_sigma(epsilon, delta_run, q_used, num_steps, sampler=acc.sampler,
-                                              relation=acc.relation, noise=acc.noise, accountant=accountant)
-    return _Plan(N, epsilon, delta, delta_run, overflow, q_used, num_steps, sampling, sampler, acc.relation,
-                 float(sigma), accountant, run_kwargs)
+    return _fit_plan.privacy_plan(num_records, epsilon, delta, q, num_steps, sampling, accountant, schema)
 
 
 def _model(schema: Schema, model, num_components, num_records: int) -> Tuple[Callable, dict]:
@@ -748,13 +720,19 @@ def _relation_name(relation) -> str:
     return str(getattr(relation, "value", relation))
 
 
-def _privacy_record(plan: _Plan, result, clipping_threshold: float, schema: Schema) -> dict:
+def _privacy_record(plan: _Plan, result, clipping_threshold: float, schema: Schema, private=None) -> dict:
     """``TwinResult.privacy``: what the release guarantees and what it does not cover."""
     eps_run = float(result.epsilon)
+    if plan.schema is not None:   # the schema's release and the run, composed
+        eps_run = plan.epsilon_of(float(result.sigma))
+        if eps_run > plan.epsilon * (1 + 1e-9):
+            raise RuntimeError(  # pragma: no cover - a consistency check
+                f"Internal error: the twin's epsilon {eps_run} exceeds the target {plan.epsilon}.")
     return {
         "epsilon": eps_run,
         "target_epsilon": plan.epsilon,
-        "delta": (plan.delta_run + plan.overflow) if math.isfinite(eps_run) else None,
+        "delta": plan.delta if math.isfinite(eps_run) else None,
+        "schema": None if private is None else private.record(),
         "delta_poisson_overflow": plan.overflow,
         "sigma": plan.sigma,
         "clipping_threshold": float(clipping_threshold),

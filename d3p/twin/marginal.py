@@ -131,7 +131,7 @@ def default_num_rounds(num_columns: int) -> int:
 
 
 def plan_marginals(epsilon: float, delta: float, num_columns: int, *, relation: str = accounting.ADD_REMOVE,
-                   num_rounds: Optional[int] = None) -> MarginalPlan:
+                   num_rounds: Optional[int] = None, rho: Optional[float] = None) -> MarginalPlan:
     """The schedule for a target (ε, δ): ρ from :func:`d3p.accounting.zcdp_rho`, then
     :data:`ONE_WAY_SHARE` of it for the one-way tables and the rest in equal
     rounds, each with :data:`SELECTION_SHARE` for the selection.
@@ -141,6 +141,8 @@ def plan_marginals(epsilon: float, delta: float, num_columns: int, *, relation: 
     :param int num_columns: D ≥ 1.
     :param str relation: ``"add_remove"`` (default) or ``"substitute"``.
     :param int num_rounds: default :func:`default_num_rounds`; 0 with one column.
+    :param float rho: the total ρ, where part of the budget is spent elsewhere (a private schema);
+        default ``zcdp_rho(epsilon, delta)``.
 
     With more than :data:`MAX_ROUNDS` + 1 columns, the first ``min(num_rounds, D - 1)``
     rounds are tree rounds (``num_tree_rounds``, :func:`tree_round`): 30 tables of
@@ -156,7 +158,7 @@ def plan_marginals(epsilon: float, delta: float, num_columns: int, *, relation: 
     if num_rounds is None:
         num_rounds = default_num_rounds(num_columns)
     num_rounds = 0 if num_columns < 2 else _validate.integer("num_rounds", num_rounds, minimum=0)
-    rho = accounting.zcdp_rho(epsilon, delta)
+    rho = accounting.zcdp_rho(epsilon, delta) if rho is None else _validate.positive("rho", rho, finite=False)
     one_way = rho if num_rounds == 0 else ONE_WAY_SHARE * rho
     per_round = (1.0 - ONE_WAY_SHARE) * rho / num_rounds if num_rounds else 0.0
     tree_rounds = min(num_rounds, num_columns - 1) if _wide(num_columns) else 0

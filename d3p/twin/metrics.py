@@ -399,6 +399,10 @@ def check_classification_target(real_test: pd.DataFrame, target: str, *, schema:
     if not t.notna().any():
         raise ValueError(
             f"Expected some real test records with a target value, column {target!r} is all missing.")
+    if t.nunique() < 2:
+        raise ValueError(f"Expected a target with at least two classes, column {target!r} has one (as the schema "
+                         "maps the records: a schema read privately from few records may keep one level; give the "
+                         "column's levels in the schema).")
 
 
 class _Classification:
