@@ -12,7 +12,7 @@ import math
 from typing import NamedTuple, Optional, Tuple
 
 from d3p import _validate, accounting, dputil, minibatch
-from d3p.twin._schema_private import PrivateSchema, SchemaPlan, infer_schema_private, schema_key, schema_releases
+from d3p.twin._schema_private import PrivateSchema, SchemaPlan, infer_schema_private, schema_key
 from d3p.twin.schema import Schema, infer_schema
 
 #: The ways of completing a schema: ``"private"`` (the default: :func:`infer_schema_private`, in the
@@ -20,7 +20,7 @@ from d3p.twin.schema import Schema, infer_schema
 SCHEMA_INFERENCE = ("private", "data")
 
 
-def _complete(schema, names) -> bool:
+def _is_complete(schema, names) -> bool:
     """Whether a given schema describes every column of ``names`` completely (no field to read)."""
     if schema is None:
         return False
@@ -50,7 +50,7 @@ def check_schema_options(data, epsilon: float, schema, schema_inference: str, sc
         if marked:
             raise ValueError("Expected a schema without fields marked 'inferred' under strict: they were read "
                              "from the data outside epsilon.")
-        if schema_inference == "data" and not _complete(schema, names):
+        if schema_inference == "data" and not _is_complete(schema, names):
             raise ValueError("Expected schema_inference='private' or a complete schema under strict: "
                              "schema_inference='data' reads the fields the schema leaves out outside epsilon.")
     return schema_inference, schema_share
@@ -68,7 +68,8 @@ def resolve_schema(data, epsilon: float, delta: Optional[float], key, schema, sc
     if isinstance(schema, PrivateSchema):
         _check_release(schema, data.shape[0], epsilon, delta, sampling)
         return schema.schema, (schema if schema.plan is not None else None)
-    if schema_inference == "private" and math.isfinite(epsilon) and not _complete(schema, list(map(str, data.columns))):
+    names = [c if isinstance(c, str) else str(c) for c in data.columns]
+    if schema_inference == "private" and math.isfinite(epsilon) and not _is_complete(schema, names):
         private = infer_schema_private(data, epsilon, delta, rng_key=schema_key(key), schema=schema,
                                        sampling=sampling, share=schema_share, max_levels=max_levels, ledger=ledger)
         return private.schema, (private if private.plan is not None else None)

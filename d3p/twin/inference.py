@@ -13,7 +13,7 @@ import math
 import numbers
 import os
 import time
-from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,7 @@ from numpyro.infer import Predictive, Trace_ELBO
 from numpyro.infer.autoguide import AutoDiagonalNormal, AutoGuide
 
 import d3p.random
-from d3p import _adaptive, _validate, accounting, dputil, minibatch
+from d3p import _adaptive, _validate, accounting
 from d3p.ledger import PrivacyLedger, ZCDPRelease
 from d3p.svi import DPSVI
 from d3p.twin import _fit_plan, _mixture_setups
@@ -33,7 +33,7 @@ from d3p.twin._io import atomic_directory
 from d3p.twin.cells import CellSpace
 from d3p.twin.marginal import MarginalModel, fit_marginals, one_way_shares, plan_marginals
 from d3p.twin.model import DEFAULT_CONTINUOUS_GAIN, MixtureGuide, MixtureModel, guide_sample_numpy, mixture_sample_numpy
-from d3p.twin._schema_private import SCHEMA_SHARE
+from d3p.twin._schema_private import SCHEMA_SHARE, schema_releases
 from d3p.twin.schema import DEFAULT_MAX_LEVELS, Schema, TwinInputError, check_frame, check_type
 from d3p.version import VERSION
 
@@ -538,7 +538,7 @@ def _fit_mixture(schema: Schema, x: np.ndarray, plan: "_Plan", key, model, guide
     setup = _mixture_setup(schema, plan, model, guide, num_components, clipping_threshold, learning_rate, optimizer,
                            adaptive, dp_scale)
     svi, model, model_spec, guide, guide_spec = setup.svi, setup.model, setup.model_spec, setup.guide, setup.guide_spec
-    for release in _fit_plan.schema_releases(plan.schema, plan.sampler.name) if ledger is not None else ():
+    for release in schema_releases(plan.schema, plan.sampler.name) if ledger is not None else ():
         ledger.record(release)
     result = _run(svi, setup.init, schema, x, plan, key, progress_bar, ledger)
     fit_info = _fit_info(plan, learning_rate, clipping_threshold, optimizer, seconds=time.monotonic() - t0)
@@ -564,7 +564,7 @@ def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sam
     delta_model = delta - (s.delta_threshold if s is not None else 0.0)
     rho = None if s is None else accounting.zcdp_rho(epsilon, delta_model) - s.rho
     plan = plan_marginals(epsilon, delta, len(schema), relation=relation, rho=rho)
-    for release in _fit_plan.schema_releases(s) if ledger is not None else ():
+    for release in schema_releases(s) if ledger is not None else ():
         ledger.record(release)
     if ledger is not None:   # refused before the fit if the planned ρ would pass the budget
         ledger.check(ZCDPRelease("marginal twin (planned)", plan.rho, str(relation)))
