@@ -256,7 +256,7 @@ def test_nothing_raises_or_warns_on_odd_columns():
 
 def test_a_private_schema_is_for_its_fit_only():
     data = _table()
-    ps = twin.infer_schema_private(data, 1.0, rng_key=d3p.random.PRNGKey(0))
+    ps = twin.infer_schema_private(data, 1.0, rng_key=d3p.random.PRNGKey(9))
     with pytest.raises(ValueError, match="planned for epsilon=1.0"):
         twin.fit(data, 2.0, rng_key=0, schema=ps, progress_bar=False)
     tw = twin.fit(data, 1.0, rng_key=0, schema=ps, family="marginal", progress_bar=False)
@@ -342,3 +342,13 @@ def test_bounds_do_not_cross_zero_or_reach_past_the_records():
         exact.append((s["scale"].lower, s["scale"].upper) == (1.0, 5.0))
         assert s["flag"].kind == "boolean", k
     assert 85 <= sum(exact) < 100
+
+
+def test_a_private_schema_released_with_the_fits_own_key_is_refused():
+    """The fit's noise would repeat the schema's (the marginal twin draws from its key directly)."""
+    data = _table()
+    ps = twin.infer_schema_private(data, 1.0, rng_key=d3p.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="rng_key to differ"):
+        twin.fit(data, 1.0, rng_key=d3p.random.PRNGKey(0), schema=ps, family="marginal", progress_bar=False)
+    tw = twin.fit(data, 1.0, rng_key=d3p.random.PRNGKey(1), schema=ps, family="marginal", progress_bar=False)
+    assert tw.schema == ps.schema

@@ -66,7 +66,7 @@ def resolve_schema(data, epsilon: float, delta: Optional[float], key, schema, sc
     :func:`schema_key` of the fit's key (``schema_inference="private"``, finite ε), or from the
     data outside ε (``"data"``, or ε = inf: no privacy anyway)."""
     if isinstance(schema, PrivateSchema):
-        _check_release(schema, data.shape[0], epsilon, delta, sampling)
+        _check_release(schema, data.shape[0], epsilon, delta, sampling, key)
         return schema.schema, (schema if schema.plan is not None else None)
     names = [c if isinstance(c, str) else str(c) for c in data.columns]
     if schema_inference == "private" and math.isfinite(epsilon) and not _is_complete(schema, names):
@@ -76,11 +76,18 @@ def resolve_schema(data, epsilon: float, delta: Optional[float], key, schema, sc
     return infer_schema(data, schema, max_levels=max_levels), None
 
 
-def _check_release(private: PrivateSchema, num_records: int, epsilon: float, delta, sampling: str) -> None:
-    """A given :class:`PrivateSchema` must have been planned for this fit's N, ε, δ and relation."""
+def _check_release(private: PrivateSchema, num_records: int, epsilon: float, delta, sampling: str, key) -> None:
+    """A given :class:`PrivateSchema` must have been planned for this fit's N, ε, δ and relation, and
+    released with another key than the fit's (the fit's noise would repeat the schema's)."""
     plan = private.plan
     if plan is None:
         return
+    from d3p.ledger import key_fingerprint
+
+    if private.key is not None and private.key == key_fingerprint(key):
+        raise ValueError("Expected rng_key to differ from the key the private schema was released with (the fit "
+                         "would draw the same noise); pass d3p.twin._schema_private.schema_key(rng_key) to "
+                         "infer_schema_private, as fit does.")
     from d3p.twin._schema_private import _sampler_relation
 
     delta = 1.0 / num_records**2 if delta is None else delta
@@ -119,8 +126,6 @@ class Plan(NamedTuple):
 
     def epsilon_of(self, sigma: Optional[float] = None) -> float:
         """ε of the whole release (schema and run) at ``delta_run``."""
-        if self.schema is None and sigma is None:
-            return math.nan
         return accounting.compose_epsilon(self.phases(sigma), self.delta_run, sampler=self.sampler.name,
                                           relation=str(self.relation), accountant=self.accountant)
 

@@ -117,6 +117,7 @@ class PrivateSchema(NamedTuple):
     schema: Any             # d3p.twin.Schema
     plan: SchemaPlan
     columns: Tuple[str, ...]  # the columns whose fields were read privately
+    key: Optional[str] = None  # d3p.ledger.key_fingerprint of the release's key (a fit refuses to reuse it)
 
     def record(self) -> dict:
         """What ``TwinResult.privacy["schema"]`` says of the release."""
@@ -561,7 +562,9 @@ def _complete(data, epsilon, delta, rng_key, schema, relation: str, share: float
         specs[i] = _column_spec(specs[i], grid, texts, plan, n, max_levels,
                                 isinstance(data[specs[i].name].dtype, pd.CategoricalDtype))
     out = Schema(tuple(_with_default_dtype(s, data[s.name]) for s in specs))
-    return PrivateSchema(out, plan, tuple(specs[i].name for i in todo))
+    from d3p.ledger import key_fingerprint
+
+    return PrivateSchema(out, plan, tuple(specs[i].name for i in todo), key_fingerprint(rng_key))
 
 
 def schema_releases(plan: Optional[SchemaPlan], sampler: Optional[str] = None) -> list:
