@@ -563,7 +563,7 @@ def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sam
     s = private.plan if private is not None else None
     delta_model = delta - (s.delta_threshold if s is not None else 0.0)
     rho = None if s is None else accounting.zcdp_rho(epsilon, delta_model) - s.rho
-    plan = plan_marginals(epsilon, delta, len(schema), relation=relation, rho=rho)
+    plan = plan_marginals(epsilon, delta, len(schema), relation=relation, rho=rho, num_targets=len(targets))
     for release in schema_releases(s) if ledger is not None else ():
         ledger.record(release)
     if ledger is not None:   # refused before the fit if the planned ρ would pass the budget
@@ -601,7 +601,8 @@ def _fit_marginal(schema: Schema, x: np.ndarray, epsilon: float, delta, key, sam
         raise RuntimeError(f"Internal error: the marginal twin's epsilon {eps} exceeds the target {epsilon}.")
     fit_info = {"family": "marginal", "num_rounds": plan.num_rounds, "num_tree_rounds": plan.num_tree_rounds,
                 "rho_one_way": plan.rho_one_way, "rho_select": plan.rho_select, "rho_measure": plan.rho_measure,
-                "target": list(targets) or None, "seconds": round(time.monotonic() - t0, 3)}
+                "num_target_rounds": plan.num_target_rounds, "rho_target_select": plan.rho_target_select,
+                "rho_target_measure": plan.rho_target_measure, "target": list(targets) or None, "seconds": round(time.monotonic() - t0, 3)}
     return TwinResult(schema, model, None, model.params(), num_records=num_records, model_spec=model.description(),
                       guide_spec={"type": "none"}, privacy=privacy, fit_info=fit_info)
 

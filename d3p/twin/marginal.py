@@ -17,14 +17,21 @@ synthetic data"), in d3p's own code:
    table (of all pairs of columns, each also at a coarser resolution) or the
    three-way table (of small triples) on which
    the current model errs most, corrected for the expected noise of measuring
-   it (AIM's score), and it is measured with the Gaussian mechanism; the model
-   is re-fitted to all measurements so far; with a declared target, every
+   it (AIM's score), and it is measured with the Gaussian mechanism; the
+   table is shrunk, cell by cell, towards what the model already says where
+   the noise dominates its counts (:func:`shrink_towards`) and the model is
+   re-fitted to all measurements so far; with a declared target, every
    :data:`TARGET_EVERY`-th round chooses among the tables that hold a target
    column only; on a wide table (more than :data:`MAX_ROUNDS` + 1 columns,
    where the rounds could not reach every column) the ``D - 1`` rounds build a
    spanning tree instead, as MST does: each chooses among the tables that join
    two parts of the graph of the measured tables, with MST's score (the
-   model's error without the noise correction);
+   model's error without the noise correction; for two columns in different
+   parts the model's table is the product of their one-way marginals, so
+   the model is re-fitted only when the tree is complete); on a wide table
+   with a declared target, the first :func:`wide_target_rounds` rounds are
+   the target's, at a budget of their own and scored on the target's
+   conditional (:func:`plan_marginals`, :func:`_scores`);
 4. the graphical model (:mod:`d3p.twin.graphical`) whose marginals best
    explain every measurement (:func:`d3p.twin.estimation.estimate`, the
    Private-PGM estimator) is the twin; records are drawn from it.
@@ -44,6 +51,7 @@ the number of columns.
 
 from __future__ import annotations
 
+import functools
 import math
 from itertools import combinations
 from typing import List, NamedTuple, Optional, Sequence, Tuple
@@ -62,7 +70,8 @@ from d3p.twin.schema import Schema
 
 __all__ = ["MarginalModel", "MarginalPlan", "plan_marginals", "fit_marginals", "one_way_shares", "default_num_rounds",
            "rare_cell_merging", "target_round", "tree_round", "DEFAULT_MAX_MODEL_CELLS", "RARE_CELL_STDS",
-           "TARGET_EVERY", "MAX_ROUNDS", "one_way_noise_share", "noise_warning", "NOISY_SHARE"]
+           "TARGET_EVERY", "MAX_ROUNDS", "one_way_noise_share", "noise_warning", "NOISY_SHARE", "shrink_towards",
+           "wide_target_rounds", "WIDE_TARGET_SHARE", "WIDE_TARGET_SELECTION_SHARE"]
 
 #: Largest total number of cells of the junction tree's cliques: a candidate
 #: table that would make the model larger is not considered.
@@ -73,6 +82,15 @@ DEFAULT_MAX_MODEL_CELLS = 200_000
 ONE_WAY_SHARE = 0.5
 #: Share of the ρ of each round spent on the selection.
 SELECTION_SHARE = 0.1
+#: On a wide table with a declared target, the share of ρ of the target rounds (the first
+#: :func:`wide_target_rounds` rounds), and the selection's share of each of them.
+WIDE_TARGET_SHARE = 0.3
+WIDE_TARGET_SELECTION_SHARE = 0.5
+
+
+def wide_target_rounds(num_columns: int) -> int:
+    """Target rounds of a wide table with a declared target: ``ceil(sqrt(D))`` (public)."""
+    return min(num_columns - 1, math.ceil(math.sqrt(num_columns)))
 #: A column with more value cells than this is also offered merged into this many groups.
 COARSE_CELLS = 5
 #: Triples of columns are candidates when there are at most this many triples (the
@@ -83,14 +101,18 @@ MAX_TRIPLE_CELLS = 512
 #: A cell whose noisy one-way count is below this many noise standard deviations is
 #: rare: the rare cells of a column are merged into one in the larger tables.
 RARE_CELL_STDS = 3.0
+#: Whether each round's noisy table is shrunk towards the current model's table before it is
+#: fitted (:func:`shrink_towards`, James and Stein's positive-part estimator).
+SHRINK = 1
 #: Mirror-descent steps of the estimator after each round (warm-started) and at the end.
 ROUND_ITERATIONS = 100
 FINAL_ITERATIONS = 1000
 #: The std the estimator assumes for a table measured without noise (ε = inf).
 EXACT_STD = 1.0
 #: With a declared target, rounds 0, k, 2k, ... choose among the candidates that hold a
-#: target column (a third of the rounds: on digits, a 10-class target among 65 columns, the
-#: TSTR AUC rises from 0.68 to 0.84 with it; see benchmarks/README.md).
+#: target column (a third of the rounds; on digits, a 10-class target among 65 columns, the
+#: TSTR AUC rose from 0.68 to 0.84 with it, see benchmarks/README.md). A wide table planned
+#: with its target has target rounds of its own instead (:func:`wide_target_rounds`).
 TARGET_EVERY = 3
 
 Clique = Tuple[int, ...]
@@ -108,6 +130,16 @@ class MarginalPlan(NamedTuple):
     l2_sensitivity: float  # of one count table
     l1_sensitivity: float  # of one count table (the scores' sensitivity)
     num_tree_rounds: int = 0  # the first rounds build a spanning tree (see :func:`tree_round`)
+    num_target_rounds: int = 0  # wide table with a target: the first rounds, at their own ρ
+    rho_target_select: float = 0.0
+    rho_target_measure: float = 0.0
+
+    def round_plan(self, t: int) -> "MarginalPlan":
+        """The plan as round ``t`` spends it: a target round of a wide table (the first
+        ``num_target_rounds``) at ``rho_target_select`` and ``rho_target_measure``."""
+        if t < self.num_target_rounds:
+            return self._replace(rho_select=self.rho_target_select, rho_measure=self.rho_target_measure)
+        return self
 
 
 #: The most rounds of :func:`default_num_rounds` on a table of at most ``MAX_ROUNDS + 1``
@@ -131,7 +163,8 @@ def default_num_rounds(num_columns: int) -> int:
 
 
 def plan_marginals(epsilon: float, delta: float, num_columns: int, *, relation: str = accounting.ADD_REMOVE,
-                   num_rounds: Optional[int] = None, rho: Optional[float] = None) -> MarginalPlan:
+                   num_rounds: Optional[int] = None, rho: Optional[float] = None,
+                   num_targets: int = 0) -> MarginalPlan:
     """The schedule for a target (ε, δ): ρ from :func:`d3p.accounting.zcdp_rho`, then
     :data:`ONE_WAY_SHARE` of it for the one-way tables and the rest in equal
     rounds, each with :data:`SELECTION_SHARE` for the selection.
@@ -143,6 +176,12 @@ def plan_marginals(epsilon: float, delta: float, num_columns: int, *, relation: 
     :param int num_rounds: default :func:`default_num_rounds`; 0 with one column.
     :param float rho: the total ρ, where part of the budget is spent elsewhere (a private schema);
         default ``zcdp_rho(epsilon, delta)``.
+    :param int num_targets: how many columns the declared target has (public; default 0). On a
+        wide table with a target, the first :func:`wide_target_rounds` rounds are target rounds
+        with :data:`WIDE_TARGET_SHARE` of ρ (:data:`WIDE_TARGET_SELECTION_SHARE` of it on their
+        selections): an exponential mechanism on the target's tables with a tenth of a round's
+        ρ chooses among ~D tables almost at random, so the tables that carry the target's
+        signal are chosen, and measured, with a budget of their own.
 
     With more than :data:`MAX_ROUNDS` + 1 columns, the first ``min(num_rounds, D - 1)``
     rounds are tree rounds (``num_tree_rounds``, :func:`tree_round`): 30 tables of
@@ -154,18 +193,25 @@ def plan_marginals(epsilon: float, delta: float, num_columns: int, *, relation: 
     epsilon = _validate.positive("epsilon", epsilon, finite=False)
     delta = _validate.open_unit("delta", delta)
     num_columns = _validate.integer("num_columns", num_columns, minimum=1)
+    num_targets = _validate.integer("num_targets", num_targets, minimum=0)
     relation = accounting.Relation(relation)
     if num_rounds is None:
         num_rounds = default_num_rounds(num_columns)
     num_rounds = 0 if num_columns < 2 else _validate.integer("num_rounds", num_rounds, minimum=0)
     rho = accounting.zcdp_rho(epsilon, delta) if rho is None else _validate.positive("rho", rho, finite=False)
-    one_way = rho if num_rounds == 0 else ONE_WAY_SHARE * rho
-    per_round = (1.0 - ONE_WAY_SHARE) * rho / num_rounds if num_rounds else 0.0
-    tree_rounds = min(num_rounds, num_columns - 1) if _wide(num_columns) else 0
-    return MarginalPlan(rho, one_way, num_rounds, SELECTION_SHARE * per_round,
-                        (1 - SELECTION_SHARE) * per_round, str(relation),
+    wide = _wide(num_columns)
+    one_way_share, selection_share = ONE_WAY_SHARE, SELECTION_SHARE
+    one_way = rho if num_rounds == 0 else one_way_share * rho
+    targeted = min(num_rounds - 1, wide_target_rounds(num_columns)) if wide and num_targets and num_rounds > 1 else 0
+    target_share = WIDE_TARGET_SHARE if targeted else 0.0
+    per_target = target_share * rho / targeted if targeted else 0.0
+    per_round = (1.0 - one_way_share - target_share) * rho / (num_rounds - targeted) if num_rounds else 0.0
+    tree_rounds = min(num_rounds, num_columns - 1) if wide else 0
+    return MarginalPlan(rho, one_way, num_rounds, selection_share * per_round,
+                        (1 - selection_share) * per_round, str(relation),
                         accounting.count_sensitivity(relation, "l2"), accounting.count_sensitivity(relation, "l1"),
-                        tree_rounds)
+                        tree_rounds, targeted, WIDE_TARGET_SELECTION_SHARE * per_target,
+                        (1 - WIDE_TARGET_SELECTION_SHARE) * per_target)
 
 
 # ------------------------------------------------------------------ private steps
@@ -335,6 +381,36 @@ def rare_cell_merging(noisy: np.ndarray, std: float, threshold: Optional[float] 
     return np.concatenate([eye[~rare], rare[None].astype(np.float64)])
 
 
+def shrink_towards(noisy: np.ndarray, prior: np.ndarray, std: float, axes: Tuple[int, ...] = ()) -> np.ndarray:
+    """``noisy`` shrunk cell by cell towards ``prior`` where the noise dominates the counts.
+
+    Cell ``c`` becomes ``prior_c + w_c (max(noisy_c, 0) − prior_c)`` with ``w_c = k e_c /
+    (k e_c + std²)``: the empirical-Bayes mean when the table's departures from ``prior``
+    have variance ``k e_c`` and the noise variance ``std²``, with ``e_c`` the number of
+    records the prior expects in the cell (more room to depart where more records are
+    expected) or, given the target's ``axes``, in the cell's row (the cells with the same
+    values of the other columns: a target's conditional is as reliable as the count it is
+    conditioned on, and a sparse target's cells are small in every row); ``k = max(0,
+    (‖d‖² − n std²) / Σ e)`` is the method-of-moments estimate over the table's ``n`` cells.
+    A cell (row) expected to hold few records against the noise (a rare level, a sparse
+    table, a weak dependence) takes what the model fitted to the earlier measurements
+    (``prior``, fixed before this table's noise was drawn) already says, so the fit does not
+    turn a noisy sparse table into a deterministic rule (a conditional fitted to a count
+    driven to zero by the noise); a cell far above the noise keeps its measured value.
+    ``noisy`` itself for ``std = 0``. Post-processing of the release.
+    """
+    noisy = np.asarray(noisy, np.float64)
+    if std == 0.0:
+        return noisy
+    prior = np.clip(np.asarray(prior, np.float64), 0.0, None)
+    diff = np.clip(noisy, 0.0, None) - prior
+    var = float(std) ** 2
+    expected = np.broadcast_to(prior.sum(axis=axes, keepdims=True), prior.shape) if axes else prior
+    k = max(0.0, (float(np.sum(diff * diff)) - diff.size * var) / max(float(np.sum(expected)), 1.0))
+    spread = k * expected
+    return prior + spread / (spread + var) * diff
+
+
 def _merged_candidates(candidates: List[_Candidate], sizes: Sequence[int],
                        merging: Sequence[Optional[np.ndarray]]) -> List[_Candidate]:
     """``candidates`` with the rare cells of every column left at full resolution merged
@@ -343,12 +419,27 @@ def _merged_candidates(candidates: List[_Candidate], sizes: Sequence[int],
                        sizes) for c in candidates]
 
 
+def _parts(cal) -> Tuple[List[int], List[np.ndarray]]:
+    """The tree of the junction forest that holds each column, and each column's marginal
+    (columns in different trees are independent in the model: their marginal is the
+    product of theirs)."""
+    tree = cal.tree
+    holder = [next(i for i, c in enumerate(tree.cliques) if v in c) for v in range(len(tree.sizes))]
+    part = []
+    for i in holder:
+        while tree.parent[i] >= 0:
+            i = tree.parent[i]
+        part.append(i)
+    return part, [marginal(cal, (v,)) for v in range(len(tree.sizes))]
+
+
 #: Unit roundoff of float64.
 _U64 = 2.0 ** -53
 
 
 def _scores(cells: np.ndarray, sizes: Sequence[int], model: GraphicalModel, candidates: List[_Candidate],
-            std: float, num_records: int) -> Tuple[List[float], float]:
+            std: float, num_records: int, tables: Optional[dict] = None,
+            given: Sequence[int] = ()) -> Tuple[List[float], float]:
     """AIM's score of each candidate: how wrong the model's table is beyond the expected
     noise of measuring it, ``‖Q(N μ) − Q(counts)‖₁ − sqrt(2/π) σ n`` for a table of n
     cells measured with noise σ (private: reads the counts); with ``std=0``, MST's
@@ -362,38 +453,84 @@ def _scores(cells: np.ndarray, sizes: Sequence[int], model: GraphicalModel, cand
         ``4u (F + T + c)`` of the exact one (``u = 2**-53``, ``F = Σ|f|`` the fitted
         table's mass, ``T ≤ N + 1`` the count's, ``c`` the public shift);
         ``margin = 16 u (max F + N + 1 + max c)``, with room for the rounding of ``F``.
+
+    ``tables``: a dict that keeps the count tables of the cliques between the rounds of a
+    fit (the same exact counts, read once).
+
+    ``given`` (the target's columns): a candidate that holds some of them and other columns is
+    scored on the model's *conditional* of the target given the others, ``f = n_rest ·
+    μ(target | rest)`` with ``n_rest`` the table's own counts of the other columns (a uniform
+    conditional where the model gives them no mass): the error of the target's dependence
+    on them, without the noise of their one-way tables (which swamps a sparse target's
+    dependence in the model's error). A record moves ``n_rest`` by one in one cell, so ``f``
+    by a conditional distribution (L1 mass 1) and the score by at most twice the L1
+    sensitivity; ``F ≤ N + 1`` in the margin (public).
     """
+    tables = {} if tables is None else tables
     cal = calibrate(model)
+    part, one_way = _parts(cal)
     scores, largest = [], 0.0
     for c in candidates:
-        fitted = project(num_records * marginal(cal, c.clique), c.coarsening)
-        true = project(_counts(cells, sizes, c.clique), c.coarsening)
+        if len({part[v] for v in c.clique}) == len(c.clique):  # independent in the model
+            mu = functools.reduce(np.multiply.outer, [one_way[v] for v in c.clique])
+        else:
+            mu = marginal(cal, c.clique)
+        fitted = project(num_records * mu, c.coarsening)
+        true = project(_cached_counts(tables, cells, sizes, c.clique), c.coarsening)
         shift = math.sqrt(2.0 / math.pi) * std * c.num_cells
+        axes = tuple(i for i, v in enumerate(c.clique) if v in given)
+        if axes and len(axes) < len(c.clique):
+            fitted = _conditional_fit(fitted, true, axes)
+            largest = max(largest, num_records + 1.0 + abs(shift))
+        else:
+            largest = max(largest, math.fsum(np.abs(fitted).ravel()) + abs(shift))
         scores.append(math.fsum(np.abs(fitted - true).ravel()) - shift)
-        largest = max(largest, math.fsum(np.abs(fitted).ravel()) + abs(shift))
     return scores, 16.0 * _U64 * (largest + num_records + 1.0)
 
 
+def _conditional_fit(fitted: np.ndarray, true: np.ndarray, axes: Tuple[int, ...]) -> np.ndarray:
+    """``n_rest · μ(target | rest)``: the model's table ``fitted`` made a conditional over
+    ``axes`` (uniform where it has no mass) and multiplied by the counts ``true`` summed over
+    them (see :func:`_scores`)."""
+    mass = fitted.sum(axis=axes, keepdims=True)
+    k = math.prod(fitted.shape[a] for a in axes)
+    cond = np.where(mass > 0, fitted / np.where(mass > 0, mass, 1.0), 1.0 / k)
+    return true.sum(axis=axes, keepdims=True).astype(np.float64) * cond
+
+
 def _select(rng_key, cells, sizes, model: GraphicalModel, candidates: List[_Candidate], plan: MarginalPlan,
-            num_records: int, noise_corrected: bool = True) -> _Candidate:
+            num_records: int, noise_corrected: bool = True, tables: Optional[dict] = None,
+            given: Sequence[int] = ()) -> _Candidate:
     """AIM's choice: the exponential mechanism on :func:`_scores`, with the L1
     sensitivity of a count table plus the scores' rounding margin and ε₀ = sqrt(8 ρ_sel);
-    without ``noise_corrected``, on MST's score."""
+    without ``noise_corrected``, on MST's score; with ``given`` (target columns), on the
+    conditional score and twice the L1 sensitivity."""
     std = _noise_multiplier(plan.rho_measure) * plan.l2_sensitivity if noise_corrected else 0.0
-    scores, margin = _scores(cells, sizes, model, candidates, std, num_records)
+    scores, margin = _scores(cells, sizes, model, candidates, std, num_records, tables, given)
     eps = math.sqrt(8.0 * plan.rho_select) if math.isfinite(plan.rho_select) else math.inf
-    return candidates[exponential_mechanism(rng_key, scores, sensitivity=plan.l1_sensitivity + margin, epsilon=eps)]
+    sensitivity = (2.0 if given else 1.0) * plan.l1_sensitivity + margin
+    return candidates[exponential_mechanism(rng_key, scores, sensitivity=sensitivity, epsilon=eps)]
 
 
 def _usable(space: CellSpace, chosen: Sequence[Clique], candidates: List[_Candidate],
             max_cells: int) -> List[_Candidate]:
     """The candidates whose table keeps the model's junction tree within ``max_cells``
     cells (public: the schema and the chosen cliques). A pair inside a clique of the
-    current tree changes nothing; the others are checked once per pair."""
+    current tree changes nothing; a table whose columns lie in different parts (connected
+    components) of the graph of the chosen tables adds one clique of its own cells to the
+    current triangulation (an edge between parts closes no cycle: the graph stays chordal),
+    without a new elimination (the greedy one of :func:`d3p.twin.junction.tree_size` can
+    differ a little); the others are checked once per table."""
     current = [set(c) for c in maximal_cliques(space.sizes, list(chosen))]
+    size = sum(math.prod(space.sizes[v] for v in m) for m in current)
+    part = _components(len(space.sizes), chosen)
     fits = {}
     for c in candidates:
         if c.clique not in fits:
+            if len({part[v] for v in c.clique}) == len(c.clique):
+                alone = sum(space.sizes[v] for v in c.clique if {v} in current)  # absorbed
+                fits[c.clique] = size - alone + math.prod(space.sizes[v] for v in c.clique) <= max_cells
+                continue
             inside = any(set(c.clique) <= m for m in current)
             fits[c.clique] = inside or tree_size(space.sizes, list(chosen) + [c.clique]) <= max_cells
     return [c for c in candidates if fits[c.clique]]
@@ -423,9 +560,57 @@ def _components(num_columns: int, chosen: Sequence[Clique]) -> List[int]:
     return [root(v) for v in range(num_columns)]
 
 
-def target_round(t: int, target: Sequence[int]) -> bool:
-    """Whether round ``t`` chooses among the tables that hold a column of ``target`` (public)."""
+def target_round(t: int, target: Sequence[int], plan: Optional[MarginalPlan] = None) -> bool:
+    """Whether round ``t`` chooses among the tables that hold a column of ``target`` (public):
+    every :data:`TARGET_EVERY`-th round, or on a wide table planned with the target, the
+    first ``plan.num_target_rounds``."""
+    if plan is not None and plan.num_target_rounds:
+        return bool(target) and t < plan.num_target_rounds
     return bool(target) and t % TARGET_EVERY == 0
+
+
+def _target_columns(target: Sequence[int], num_columns: int) -> Tuple[int, ...]:
+    """The target's column indices, sorted and checked (public)."""
+    target = tuple(sorted({int(v) for v in target}))
+    if any(not 0 <= v < num_columns for v in target):
+        raise ValueError(f"Expected target column indices in [0, {num_columns}), got {list(target)}.")
+    return target
+
+
+def _cached_counts(cache: dict, cells: np.ndarray, sizes: Sequence[int], clique: Clique) -> np.ndarray:
+    """:func:`_counts` of ``clique``, read once per fit and kept in ``cache`` (private)."""
+    if clique not in cache:
+        cache[clique] = _counts(cells, sizes, clique)
+    return cache[clique]
+
+
+def _shrunk(measurement: Measurement, std: float, model: GraphicalModel, num_records: int,
+            given: Sequence[int] = ()) -> Measurement:
+    """``measurement`` with its table shrunk towards what ``model`` (fitted before it) says
+    (:func:`shrink_towards`, by rows of the ``given`` target's columns if it has others too;
+    unchanged if :data:`SHRINK` is off): post-processing."""
+    if not SHRINK:
+        return measurement
+    prior = project(num_records * marginal(calibrate(model), measurement.clique), measurement.coarsening)
+    axes = tuple(i for i, v in enumerate(measurement.clique) if v in given)
+    axes = axes if len(axes) < len(measurement.clique) else ()
+    return measurement._replace(values=shrink_towards(measurement.values, prior, std, axes))
+
+
+def _round_candidates(t: int, plan: MarginalPlan, space: CellSpace, chosen: Sequence[Clique],
+                      candidates: List[_Candidate], max_model_cells: int, target: Sequence[int]) -> List[_Candidate]:
+    """The candidates of round ``t`` (public): the usable ones; in a tree round, those that join
+    two parts; in a target round, those that hold a target column (each restriction only if it
+    leaves some)."""
+    if tree_round(t, plan):
+        part = _components(len(space.sizes), chosen)
+        usable = _usable(space, chosen, [c for c in candidates if len({part[v] for v in c.clique}) > 1],
+                         max_model_cells) or _usable(space, chosen, candidates, max_model_cells)
+    else:
+        usable = _usable(space, chosen, candidates, max_model_cells)
+    if target_round(t, target, plan):
+        usable = [c for c in usable if any(v in target for v in c.clique)] or usable
+    return usable
 
 
 def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_key, *,
@@ -452,7 +637,9 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
     one Gaussian mechanism of L2 sensitivity √D·Δ₂ (each record is in one
     cell of each of the D tables) with ρ₁ = ``plan.rho_one_way``; each round
     is an exponential mechanism on scores of sensitivity Δ₁ (a score is an
-    L1 distance to a count table plus public terms) with ε₀ = √(8 ρ_sel), and
+    L1 distance to a count table plus public terms; 2Δ₁ for the conditional
+    score of a wide table's target rounds, calibrated so) with ε₀ = √(8 ρ_sel)
+    (the round's own ρ: :meth:`MarginalPlan.round_plan`), and
     a Gaussian mechanism of sensitivity Δ₂ (merging cells, whether fixed by
     the schema or chosen by :func:`rare_cell_merging` from the released
     one-way tables, keeps one record in one cell) with ρ_meas; composition
@@ -468,9 +655,7 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
     num_records, num_columns = cells.shape
     if num_records >= MAX_EXACT_COUNT:
         raise ValueError(f"Expected fewer than 2**53 records (exact float64 counts), got N={num_records}.")
-    target = tuple(sorted({int(v) for v in target}))
-    if any(not 0 <= v < num_columns for v in target):
-        raise ValueError(f"Expected target column indices in [0, {num_columns}), got {list(target)}.")
+    target = _target_columns(target, num_columns)
     sizes = space.sizes
     budget = accounting.ZCDPBudget(plan.rho)
     key_one_way, key_rounds = d3p.random.split(rng_key, 2)
@@ -481,30 +666,32 @@ def fit_marginals(cells: np.ndarray, space: CellSpace, plan: MarginalPlan, rng_k
     budget.spend(plan.rho_one_way, "one-way marginals")
     measurements = [Measurement((v,), t, max(s, EXACT_STD), (None,)) for v, (t, s) in enumerate(zip(tables, stds))]
     candidates = _merged_candidates(candidates, sizes, [rare_cell_merging(t, s) for t, s in zip(tables, stds)])
-    model = estimate(sizes, measurements, num_records, num_iterations=200)
+    fitted_to = list(measurements)  # what the estimator reads: the rounds' tables shrunk
+    model = estimate(sizes, fitted_to, num_records, num_iterations=200)
     chosen: List[Clique] = []
+    counts: dict = {}  # the count tables of the candidates, read once
     for t in range(plan.num_rounds):
         k_select, k_measure = d3p.random.split(d3p.random.fold_in(key_rounds, t), 2)
-        usable = _usable(space, chosen, candidates, max_model_cells)
-        tree = tree_round(t, plan)
-        if tree:
-            part = _components(num_columns, chosen)
-            usable = [c for c in usable if len({part[v] for v in c.clique}) > 1] or usable
-        if target_round(t, target):
-            usable = [c for c in usable if any(v in target for v in c.clique)] or usable
+        usable = _round_candidates(t, plan, space, chosen, candidates, max_model_cells, target)
         if not usable:
             break
-        pick = _select(k_select, cells, sizes, model, usable, plan, num_records, noise_corrected=not tree)
-        budget.spend(plan.rho_select, f"selection {t}")
-        table = project(_counts(cells, sizes, pick.clique), pick.coarsening)
-        (noisy,), (std,) = _measure(k_measure, [table], [plan.rho_measure], plan.l2_sensitivity, length)
-        budget.spend(plan.rho_measure, f"measurement {t}: columns {pick.clique}")
+        rp = plan.round_plan(t)
+        targeted = t < plan.num_target_rounds
+        pick = _select(k_select, cells, sizes, model, usable, rp, num_records, tables=counts,
+                       noise_corrected=not tree_round(t, plan), given=target if targeted else ())
+        budget.spend(rp.rho_select, f"selection {t}")
+        table = project(_cached_counts(counts, cells, sizes, pick.clique), pick.coarsening)
+        (noisy,), (std,) = _measure(k_measure, [table], [rp.rho_measure], plan.l2_sensitivity, length)
+        budget.spend(rp.rho_measure, f"measurement {t}: columns {pick.clique}")
         measurements.append(Measurement(pick.clique, noisy, max(std, EXACT_STD), pick.coarsening))
+        fitted_to.append(_shrunk(measurements[-1], std, model, num_records, target if targeted else ()))
         chosen.append(pick.clique)
-        model = estimate(sizes, measurements, num_records, init=model, num_iterations=ROUND_ITERATIONS)
+        if not tree_round(t + 1, plan):  # a tree round reads only the one-way marginals (see _scores)
+            model = estimate(sizes, fitted_to, num_records, init=model,
+                             num_iterations=FINAL_ITERATIONS if tree_round(t, plan) else ROUND_ITERATIONS)
         if progress is not None:
             progress(t + 1, plan.num_rounds)
-    model = estimate(sizes, measurements, num_records, init=model, num_iterations=FINAL_ITERATIONS)
+    model = estimate(sizes, fitted_to, num_records, init=model, num_iterations=FINAL_ITERATIONS)
     return model, measurements, budget
 
 
