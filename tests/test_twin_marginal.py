@@ -554,6 +554,10 @@ def test_shrinking_follows_its_closed_form():
     np.testing.assert_allclose(M.shrink_towards(np.array([105.0, 15.0, 95.0, 25.0]), prior.ravel(), 10.0),
                                prior.ravel())
     np.testing.assert_array_equal(M.shrink_towards(noisy, prior, 0.0), noisy)
+    with pytest.raises(ValueError, match="std"):
+        M.shrink_towards(noisy, prior, -1.0)
+    with pytest.raises(ValueError, match="prior of the shape"):
+        M.shrink_towards(noisy, prior.ravel(), 1.0)
     # by rows of a target (axis 1): e_c is the prior's count of the cell's row
     e = np.array([[120.0, 120.0], [120.0, 120.0]])
     k_rows = (1800.0 - 400.0) / 480.0  # Σ e = 4 * 120

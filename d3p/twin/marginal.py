@@ -400,6 +400,9 @@ def shrink_towards(noisy: np.ndarray, prior: np.ndarray, std: float, axes: Tuple
     ``noisy`` itself for ``std = 0``. Post-processing of the release.
     """
     noisy = np.asarray(noisy, np.float64)
+    std = _validate.non_negative("std", std)
+    if np.shape(prior) != noisy.shape:
+        raise ValueError(f"Expected prior of the shape of noisy {noisy.shape}, got {np.shape(prior)}.")
     if std == 0.0:
         return noisy
     prior = np.clip(np.asarray(prior, np.float64), 0.0, None)
