@@ -64,7 +64,7 @@ from d3p.gradients import noise_std
 from d3p.selection import exponential_mechanism
 from d3p.twin.cells import CellSpace
 from d3p.twin.estimation import Measurement, estimate, project
-from d3p.twin.graphical import GraphicalModel, calibrate, marginal, sample
+from d3p.twin.graphical import GraphicalModel, _root_of, calibrate, marginal, sample
 from d3p.twin.junction import maximal_cliques, tree_size
 from d3p.twin.schema import Schema
 
@@ -200,15 +200,14 @@ def plan_marginals(epsilon: float, delta: float, num_columns: int, *, relation: 
     num_rounds = 0 if num_columns < 2 else _validate.integer("num_rounds", num_rounds, minimum=0)
     rho = accounting.zcdp_rho(epsilon, delta) if rho is None else _validate.positive("rho", rho, finite=False)
     wide = _wide(num_columns)
-    one_way_share, selection_share = ONE_WAY_SHARE, SELECTION_SHARE
-    one_way = rho if num_rounds == 0 else one_way_share * rho
+    one_way = rho if num_rounds == 0 else ONE_WAY_SHARE * rho
     targeted = min(num_rounds - 1, wide_target_rounds(num_columns)) if wide and num_targets and num_rounds > 1 else 0
     target_share = WIDE_TARGET_SHARE if targeted else 0.0
     per_target = target_share * rho / targeted if targeted else 0.0
-    per_round = (1.0 - one_way_share - target_share) * rho / (num_rounds - targeted) if num_rounds else 0.0
+    per_round = (1.0 - ONE_WAY_SHARE - target_share) * rho / (num_rounds - targeted) if num_rounds else 0.0
     tree_rounds = min(num_rounds, num_columns - 1) if wide else 0
-    return MarginalPlan(rho, one_way, num_rounds, selection_share * per_round,
-                        (1 - selection_share) * per_round, str(relation),
+    return MarginalPlan(rho, one_way, num_rounds, SELECTION_SHARE * per_round,
+                        (1 - SELECTION_SHARE) * per_round, str(relation),
                         accounting.count_sensitivity(relation, "l2"), accounting.count_sensitivity(relation, "l1"),
                         tree_rounds, targeted, WIDE_TARGET_SELECTION_SHARE * per_target,
                         (1 - WIDE_TARGET_SELECTION_SHARE) * per_target)
@@ -427,12 +426,7 @@ def _parts(cal) -> Tuple[List[int], List[np.ndarray]]:
     (columns in different trees are independent in the model: their marginal is the
     product of theirs)."""
     tree = cal.tree
-    holder = [next(i for i, c in enumerate(tree.cliques) if v in c) for v in range(len(tree.sizes))]
-    part = []
-    for i in holder:
-        while tree.parent[i] >= 0:
-            i = tree.parent[i]
-        part.append(i)
+    part = [_root_of(tree, next(i for i, c in enumerate(tree.cliques) if v in c)) for v in range(len(tree.sizes))]
     return part, [marginal(cal, (v,)) for v in range(len(tree.sizes))]
 
 
