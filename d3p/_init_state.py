@@ -11,6 +11,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from numpyro.infer.svi import SVI
 from numpyro.primitives import Messenger
 
@@ -18,7 +19,7 @@ from d3p import _model_facts, _numpyro_compat, _private_step, _sharding, _valida
 from d3p._public_init import placeholder_dependent_params, public_guide_setup, public_records
 from d3p._records import _records
 from d3p._state import DPSVIState, state_scale
-from d3p.random._common import suite_key
+from d3p.random._common import suite_key, unstacked
 
 
 class _BatchSubsample(Messenger):
@@ -37,7 +38,8 @@ class _BatchSubsample(Messenger):
 
 
 def _batch_indices(size, subsample_size, rng_key=None):
-    return jnp.arange(subsample_size)
+    # from the host: nothing to compile
+    return jax.device_put(np.arange(subsample_size, dtype=jax.dtypes.canonicalize_dtype(np.int64)))
 
 
 def _warn_if_placeholder_dependent(svi, public, treedef, init_params, stacklevel: int) -> None:
@@ -79,7 +81,7 @@ def init_public(svi, rng_key, public, treedef, size, init_params, real_values, s
     rng_key = suite_key(svi.rng_suite, rng_key)
     _sharding.check_same_in_every_process("rng_key", rng_key)
     args, kwargs = jax.tree.unflatten(treedef, public)
-    rng_key, init_key = svi.rng_suite.split(rng_key, 2)
+    rng_key, init_key = unstacked(svi.rng_suite.split(rng_key, 2))
     jax_init_key = svi.rng_suite.convert_to_jax_rng_key(init_key)
     with _BatchSubsample(), public_guide_setup(svi.guide, ignore_likelihood=not real_values), \
             _model_facts.model_errors_explained(svi, args, kwargs):

@@ -41,7 +41,7 @@ def public_records(init_data, leaves, treedef, size: int):
     the batch's structure and per-record shapes, converted to its dtypes.
     """
     if init_data is None:
-        return [jnp.ones(np.shape(x), jnp.result_type(x)) for x in leaves], size
+        return [jax.device_put(np.ones(np.shape(x), jnp.result_type(x))) for x in leaves], size   # compiles nothing
     args, kwargs = _split_init_data(init_data, treedef)
     public, public_def, rows = _records(args, kwargs, what="init_data")
     if public_def != treedef:

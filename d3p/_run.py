@@ -22,6 +22,7 @@ from d3p._public_init import public_records
 from d3p._records import _records
 from d3p._state import check_state
 from d3p.ledger import PrivacyLedger, key_fingerprint
+from d3p.random._common import unstacked
 
 
 def _batch_gatherer(sampler, rng_suite, treedef):
@@ -222,10 +223,10 @@ def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, e
     try:
         while done < num_steps:
             length = min(chunk, num_steps - done)
-            svi_state, average, chunk_losses = run_chunk(svi_state, average, jnp.uint32(start + done), records,
+            svi_state, average, chunk_losses = run_chunk(svi_state, average, np.uint32(start + done), records,
                                                          np.uint32(length) if steps_traced else length)
-            if steps_traced:
-                chunk_losses = chunk_losses[:length]
+            if steps_traced and length < chunk_losses.shape[0]:   # on the host: slicing here would compile
+                chunk_losses = jax.device_put(np.asarray(chunk_losses)[:length])
             losses.append(chunk_losses)
             done += length
             if bar is not None:
@@ -237,7 +238,9 @@ def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, e
     finally:
         if bar is not None:
             bar.close()
-    return svi_state, average, losses[0] if len(losses) == 1 else jnp.concatenate(losses)
+    if len(losses) > 1:   # joined on the host: one small program fewer to compile
+        losses = [jax.device_put(np.concatenate([np.asarray(chunk) for chunk in losses]))]
+    return svi_state, average, losses[0]
 
 
 # ---------------------------------------------------------------- the run
@@ -322,7 +325,7 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         if svi.clipping_chosen and svi.adaptive_clipping is not None:   # its quantile from the noise (public)
             _say(_describe_clipping(svi, svi_state, plan), progress_bar)
 
-        average_from = jnp.uint32(start_step + _averaging_start(average, num_steps))
+        average_from = np.uint32(start_step + _averaging_start(average, num_steps))
 
         params = svi.optim.get_params(svi_state.optim_state)
         sigma = _private_step.sigma_value(plan.sigma, params) if traced else None
@@ -331,14 +334,14 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
             _private_step.check_threshold_fits(svi.clipping_threshold, clip.dtype, plan.sampler.max_batch_size)
 
         # d3p's step size decays over this run's steps from a fresh state (an argument: any number of steps)
-        decay_over = jnp.float32(num_steps) if svi.optim_chosen and init_state is None else None
+        decay_over = np.float32(num_steps) if svi.optim_chosen and init_state is None else None
 
         def run_steps(svi_state, average, start, data, length):
             svi_state, average, losses, ok = run_chunk(svi_state, average, (batch_key, step_key), start,
                                                        average_from, data, length, sigma, clip, decay_over)
             return _require_batches(ok, plan.sampler, (svi_state, average, losses))
 
-        mean = (params, jnp.zeros((), jnp.int32))
+        mean = (params, jax.device_put(np.zeros((), np.int32)))
         epsilon_text = _epsilon_text(svi, plan, N, start_step, fingerprint, ledger) if progress_bar else None
         svi_state, mean, losses = _run_in_chunks(run_steps, svi_state, mean, records, num_steps, start_step,
                                                  epsilon_text, steps_traced)
@@ -384,7 +387,7 @@ def step_keys(rng_suite, rng_key):
     initial state's key, the root of the batches' keys and the root of the
     steps' own keys (noise and Monte Carlo draws; ``fold_in(init_key, 1)``,
     independent of the keys that ``split`` gives)."""
-    init_key, batch_key = rng_suite.split(rng_key, 2)
+    init_key, batch_key = unstacked(rng_suite.split(rng_key, 2))
     return init_key, batch_key, rng_suite.fold_in(init_key, 1)
 
 
@@ -432,7 +435,7 @@ def _initial_state(svi, init_state, checkpoint, init_key, batch, treedef, init_p
         return init_state
     if checkpoint is not None and (init_data is not None or init_params is not None):
         raise ValueError("Expected neither init_data nor init_params with a checkpoint: it holds the state.")
-    like_batch = [jnp.zeros(x.shape, x.dtype) for x in jax.tree.leaves(batch())]
+    like_batch = [jax.device_put(np.zeros(x.shape, x.dtype)) for x in jax.tree.leaves(batch())]
     public, rows = public_records(init_data, like_batch, treedef, len(like_batch[0]) if like_batch else 0)
     # the placeholder warning names the caller of DPSVI.run (through run and here)
     svi_state = _init_state.init_public(svi, init_key, public, treedef, rows, init_params,

@@ -65,6 +65,8 @@ X64_MODULES = {
     "test_neighbours.py": "neighbouring runs compared end to end under x64, as twinify runs d3p",
     "test_svi_init_public.py": "initialisation placeholders take the batch's dtypes, float64 and int64 under x64",
     "test_random.py": "uniform and normal default to float64 under x64, drawn from 64-bit words",
+    "test_random_host_blocks.py": "key derivations on the host take fold_in's data as int64 under x64, "
+                                  "and the run's keys with them",
     "test_random_threefry.py": "the conversion of ChaCha20 keys to JAX keys and 64-bit key data",
     "test_minibatch_bounds.py": "sampler indices and counts are int64 under x64 (index arithmetic near the "
                                 "32-bit limits)",

@@ -22,7 +22,7 @@ import pytest
 import d3p.random
 from d3p import _private_step, _run as run_module
 
-from _backend import cpu_default
+from _backend import cpu_default, traced_programs
 from _normal_mean import normal_mean_svi
 
 N, T, B = 40, 6, 10
@@ -109,23 +109,6 @@ def test_sigma_stays_a_constant_where_the_program_depends_on_it(settings):
     assert clipping_threshold == (1.0 if settings.get("noise") == "discrete" else None)
 
 
-def _traced_programs(fn):
-    """``(fn(), number of programs JAX traced while it ran)``: every jit,
-    eager op and compilation starts with a trace; the persistent compilation
-    cache does not hide one."""
-    events = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/jaxpr_trace_duration":
-            events.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        return fn(), len(events)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-
-
 def test_a_twin_fit_at_another_epsilon_or_clipping_threshold_compiles_nothing():
     pd = pytest.importorskip("pandas")
     import d3p.twin as twin
@@ -142,10 +125,10 @@ def test_a_twin_fit_at_another_epsilon_or_clipping_threshold_compiles_nothing():
                         clipping_threshold=clipping_threshold)
 
     _mixture_setups.SETUPS.clear()
-    first, traced_first = _traced_programs(lambda: fit(1.0, 0))
-    second, traced_second = _traced_programs(lambda: fit(4.0, 1))
+    first, traced_first = traced_programs(lambda: fit(1.0, 0))
+    second, traced_second = traced_programs(lambda: fit(4.0, 1))
     # another C too: the steps take it as an argument (test above)
-    _, traced_third = _traced_programs(lambda: fit(4.0, 2, clipping_threshold=0.5))
+    _, traced_third = traced_programs(lambda: fit(4.0, 2, clipping_threshold=0.5))
     assert traced_first > 0 and traced_second == 0 and traced_third == 0
     assert len(_mixture_setups.SETUPS) == 1
     assert second.privacy["sigma"] < first.privacy["sigma"] / 2

@@ -127,3 +127,15 @@ def in_two_halves(fn, xs, axis: int = 0, out_axis: int = 0, cpu_only: bool = Tru
         return looped(*xs)
     return jax.lax.platform_dependent(*xs, cpu=looped, default=fn)
 
+
+
+def unstacked(keys) -> list:
+    """The rows of ``keys`` (e.g. of ``split``) as a list. Concrete ``uint32``
+    keys are split on the host: iterating a JAX array outside a traced program
+    compiles a program for it; traced or other keys are iterated as they are."""
+    if isinstance(keys, jax.core.Tracer) or not isinstance(keys, (jax.Array, np.ndarray)) \
+            or keys.dtype != np.uint32:
+        return list(keys)
+    if isinstance(keys, jax.Array) and (keys.committed or len(keys.devices()) != 1):
+        return list(keys)
+    return [jax.device_put(row) for row in np.asarray(keys)]

@@ -25,11 +25,15 @@ code:
   RFC 8439 and so yields the same words for the same key, nonce and counter;
   it is about five times faster than the looped rounds for the noise of a
   large model. Where OpenSSL's ChaCha20 is unavailable, the tiles are used.
+- **Outside a traced program** (key derivations on concrete keys: ``split``,
+  ``fold_in``, ``convert_to_jax_rng_key`` in a run's set-up), blocks of up to
+  :data:`HOST_EAGER_MAX_BLOCKS` come from NumPy (:func:`block_words`): an
+  eager call compiles nothing, where each shape of it compiled a program.
 
 ``tests/test_random.py`` checks every branch bit for bit against OpenSSL and
-RFC 8439's test vectors, and ``tests/test_random_platforms.py`` checks that
-the program lowered for CUDA holds one double round per block function and
-no host call.
+RFC 8439's test vectors (the host branch: ``tests/test_random_host_blocks.py``),
+and ``tests/test_random_platforms.py`` checks that the program lowered for
+CUDA holds one double round per block function and no host call.
 """
 
 import functools
@@ -173,6 +177,56 @@ def per_platform(cpu: Callable, other: Callable, *args):
     """``cpu(*args)`` in a program lowered for CPU, ``other(*args)`` elsewhere;
     chosen at lowering time (``jax.lax.platform_dependent``)."""
     return lax.platform_dependent(*args, cpu=cpu, default=other)
+
+
+#: Up to this many blocks, a block function called outside a traced program
+#: on concrete values is computed on the host (:func:`_blocks_host`): a key
+#: derivation then compiles nothing (each shape of it compiled a program of
+#: its own, 0.1 to 0.5 s, in every process).
+HOST_EAGER_MAX_BLOCKS = 64
+
+
+def _blocks_host(key, counter, nonce) -> np.ndarray:
+    """The block function in NumPy (``uint32`` arithmetic wraps, as XLA's):
+    the sixteen words as arrays over the blocks, :func:`_double_round` ten times."""
+    shape = np.broadcast_shapes(np.shape(counter), *(np.shape(n) for n in nonce))
+    size = int(np.prod(shape, dtype=np.int64))
+    if size == 0:
+        return np.zeros(shape + (16,), np.uint32)
+
+    def flat(x):   # at least one dimension: NumPy's scalars warn where they wrap
+        return np.broadcast_to(np.asarray(x, np.uint32), shape).reshape(size).copy()
+
+    key = np.asarray(key, np.uint32)
+    init = ([np.full(size, c, np.uint32) for c in _CONSTANTS] + [np.full(size, key[i]) for i in range(KEY_WORDS)]
+            + [flat(counter)] + [flat(n) for n in nonce])
+    state = tuple(init)
+    for _ in range(10):
+        state = _double_round(None, state)
+    return np.stack([o + i for o, i in zip(state, init)], axis=-1).reshape(shape + (16,))
+
+
+def _on_host(*values) -> bool:
+    """Whether a block function of ``values`` is computed on the host: every
+    value concrete (no tracer) and, if a JAX array, on one device and not
+    committed to it (the result then lands where an eager computation's would:
+    the default device, uncommitted), and at most :data:`HOST_EAGER_MAX_BLOCKS` blocks."""
+    for value in values:
+        if isinstance(value, jax.core.Tracer):
+            return False
+        if isinstance(value, jax.Array) and (value.committed or len(value.devices()) != 1):
+            return False
+    shape = np.broadcast_shapes(*(np.shape(v) for v in values[1:]))
+    return int(np.prod(shape, dtype=np.int64)) <= HOST_EAGER_MAX_BLOCKS
+
+
+def block_words(key, counter, nonce: Sequence, words: int = 16) -> jax.Array:
+    """The first ``words`` words of each block of :func:`chacha20_block`:
+    sliced on the host where the block function runs there, so that a key
+    derivation outside a traced program compiles nothing."""
+    if _on_host(key, counter, *nonce):
+        return jax.device_put(_blocks_host(key, counter, nonce)[..., :words])
+    return chacha20_block(key, counter, nonce)[..., :words]
 
 
 def chacha20_block(key: jax.Array, counter: jax.Array, nonce: Sequence) -> jax.Array:

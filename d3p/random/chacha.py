@@ -168,7 +168,7 @@ def PRNGKey(seed: Optional[Union[int, jax.typing.ArrayLike]] = None) -> PRNGStat
     (8,)
     """
     if seed is None:
-        return jnp.asarray(np.frombuffer(os.urandom(4 * _KEY_WORDS), dtype="<u4").astype(np.uint32))
+        return jax.device_put(np.frombuffer(os.urandom(4 * _KEY_WORDS), dtype="<u4").astype(np.uint32))
     if isinstance(seed, (bool, np.bool_)):
         raise TypeError(f"Expected seed to be an integer or None, got seed={seed!r}.")
     if isinstance(seed, (bytes, bytearray)):
@@ -176,7 +176,7 @@ def PRNGKey(seed: Optional[Union[int, jax.typing.ArrayLike]] = None) -> PRNGStat
     if isinstance(seed, (int, np.integer)):
         seed = int(seed) % 2**256
         words = [(seed >> (32 * i)) & 0xFFFFFFFF for i in range(_KEY_WORDS)]
-        return jnp.asarray(np.array(words, dtype=np.uint32))
+        return jax.device_put(np.array(words, dtype=np.uint32))
     seed = jnp.asarray(seed)
     if not jnp.issubdtype(seed.dtype, jnp.integer) or seed.ndim != 0:
         raise TypeError(
@@ -196,8 +196,7 @@ def split(key: PRNGState, num: int = 2) -> jax.Array:
     num = int(num)
     if num < 1:
         raise ValueError(f"Expected num >= 1, got num={num}.")
-    blocks = chacha20_block(key, jnp.arange(num, dtype=jnp.uint32), (_NONCE_SPLIT, 0, 0))
-    return blocks[:, :_KEY_WORDS]
+    return _keystream.block_words(key, np.arange(num, dtype=np.uint32), (_NONCE_SPLIT, 0, 0), _KEY_WORDS)
 
 
 def fold_in(key: PRNGState, data: jax.typing.ArrayLike) -> PRNGState:
@@ -212,11 +211,12 @@ def fold_in(key: PRNGState, data: jax.typing.ArrayLike) -> PRNGState:
         if not 0 <= int(data) < 2**32:
             raise ValueError(f"Expected data in [0, 2**32), got data={int(data)}.")
         data = np.uint32(int(data))
-    data = jnp.asarray(data)
+    if not isinstance(data, (np.ndarray, np.generic)):
+        data = jnp.asarray(data)
     if not jnp.issubdtype(data.dtype, jnp.integer):
         raise TypeError(f"Expected integer data, got dtype {data.dtype}.")
-    block = chacha20_block(key, jnp.uint32(0), (_NONCE_FOLD_IN, data.astype(jnp.uint32), 0))
-    return block[..., :_KEY_WORDS]
+    data = data.astype(np.uint32) if data.dtype != np.uint32 else data
+    return _keystream.block_words(key, np.uint32(0), (_NONCE_FOLD_IN, data, 0), _KEY_WORDS)
 
 
 def _canonical_shape(shape) -> tuple:
@@ -492,6 +492,13 @@ def randint(
     return out.reshape(shape)
 
 
+@functools.lru_cache(maxsize=None)
+def _jax_key_words(impl: str) -> int:
+    """The number of words of ``jax.random.PRNGKey`` under JAX's PRNG ``impl``
+    (found once per implementation: tracing it at every call costs a trace)."""
+    return jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape[-1]
+
+
 def convert_to_jax_rng_key(key: PRNGState) -> jax.Array:
     """Derive a key for ``jax.random`` (and NumPyro) from a key of this suite.
 
@@ -500,6 +507,5 @@ def convert_to_jax_rng_key(key: PRNGState) -> jax.Array:
     acceptable (e.g. the ELBO's Monte Carlo samples), never for privacy noise.
     """
     key = _check_key(key)
-    n = jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape[-1]
-    block = chacha20_block(key, jnp.uint32(0), (_NONCE_JAX_KEY, 0, 0))
-    return block[:n]
+    n = _jax_key_words(jax.config.jax_default_prng_impl)
+    return _keystream.block_words(key, np.uint32(0), (_NONCE_JAX_KEY, 0, 0), n)

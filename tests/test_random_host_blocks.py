@@ -1,0 +1,117 @@
+"""Key derivations outside a traced program are computed on the host and compile nothing.
+
+``split``, ``fold_in`` and ``convert_to_jax_rng_key`` of :mod:`d3p.random`,
+called on concrete keys (a run's set-up), take the block function from NumPy
+(:func:`d3p.random._keystream._blocks_host`) instead of compiling a program
+per shape (issue "Compile once", item 4). The words must be those of every
+other branch and of RFC 8439, and traced, vmapped or committed keys must keep
+the compiled path.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import d3p.random
+from d3p import _run
+from d3p.random import _keystream
+from d3p.random._common import unstacked
+
+from _backend import traced_programs
+
+# RFC 8439, section 2.3.2: key 00 01 .. 1f, counter 1, nonce 00:00:00:09:00:00:00:4a:00:00:00:00
+_RFC_KEY = np.frombuffer(bytes(range(32)), dtype="<u4").astype(np.uint32)
+_RFC_NONCE = np.frombuffer(bytes.fromhex("000000090000004a00000000"), dtype="<u4").astype(np.uint32)
+_RFC_BLOCK = np.array([
+    0xe4e7f110, 0x15593bd1, 0x1fdd0f50, 0xc47120a3, 0xc7f4d1c7, 0x0368c033, 0x9aaa2204, 0x4e6cd4c3,
+    0x466482d2, 0x09aa9f07, 0x05d7c214, 0xa2028bd9, 0xd19c12b5, 0xb94e16de, 0xe883d0cb, 0x4e3c50a2,
+], dtype=np.uint32)
+
+
+def _compiled_blocks(key, counter, nonce):
+    """The compiled block function of this backend (the path a traced program takes)."""
+    return np.asarray(jax.jit(lambda k, c, n: _keystream.chacha20_block(k, c, n))(key, counter, tuple(nonce)))
+
+
+def test_the_host_block_function_is_rfc_8439s():
+    # the RFC serialises the state words little-endian; these are the words
+    block = _keystream._blocks_host(_RFC_KEY, np.uint32(1), tuple(_RFC_NONCE))
+    np.testing.assert_array_equal(block, _RFC_BLOCK)
+    words = np.asarray(_keystream.block_words(_RFC_KEY, np.uint32(1), tuple(_RFC_NONCE)))
+    np.testing.assert_array_equal(words, _RFC_BLOCK)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (5,), (3, 4), (0,), (64,)])
+def test_the_host_block_function_equals_the_compiled_ones(shape):
+    rng = np.random.default_rng(sum(shape) + len(shape))
+    key = rng.integers(0, 2**32, 8, dtype=np.uint32)
+    counter = rng.integers(0, 2**32, shape, dtype=np.uint32)
+    if counter.size:
+        counter.reshape(-1)[0] = 0xFFFFFFFF   # the 32-bit counter at its largest
+    nonce = (np.uint32(7), rng.integers(0, 2**32, shape[-1:], dtype=np.uint32), np.uint32(0xFFFFFFFF))
+    host = _keystream._blocks_host(key, counter, nonce)
+    assert host.shape == shape + (16,) and host.dtype == np.uint32
+    np.testing.assert_array_equal(host, _compiled_blocks(key, counter, nonce))
+    # both compiled branches, whichever this backend lowers
+    np.testing.assert_array_equal(host, np.asarray(_keystream._blocks_cpu(key, counter, nonce)))
+    np.testing.assert_array_equal(host, np.asarray(_keystream._blocks_vectorised(key, counter, nonce)))
+
+
+def test_derivations_on_the_host_equal_the_traced_ones():
+    suite = d3p.random
+    for seed in (0, 1, 2**255 + 12345):
+        key = suite.PRNGKey(seed)
+        np.testing.assert_array_equal(suite.split(key, 5), jax.jit(lambda k: suite.split(k, 5))(key))
+        for data in (0, 1, 2**32 - 1):
+            traced = jax.jit(suite.fold_in)(key, jnp.asarray(np.uint32(data)))
+            np.testing.assert_array_equal(suite.fold_in(key, data), traced)
+        for data in (np.uint32(77), np.array(-1, np.int32), np.array([3, 4, -5], np.int64)):
+            np.testing.assert_array_equal(suite.fold_in(key, data), jax.jit(suite.fold_in)(key, data))
+        np.testing.assert_array_equal(suite.convert_to_jax_rng_key(key),
+                                      jax.jit(suite.convert_to_jax_rng_key)(key))
+    # a wrapped negative integer is the same word as on the compiled path
+    key = suite.PRNGKey(9)
+    np.testing.assert_array_equal(suite.fold_in(key, np.array(-1, np.int64)), suite.fold_in(key, 2**32 - 1))
+
+
+def test_a_runs_key_derivations_compile_nothing():
+    key = d3p.random.PRNGKey(4)
+    (init_key, batch_key, step_key), traced = traced_programs(lambda: _run.step_keys(d3p.random, key))
+    assert traced == 0
+    jax_key, traced = traced_programs(lambda: d3p.random.convert_to_jax_rng_key(init_key))
+    assert traced == 0
+    # the same keys as the compiled derivations give
+    split = jax.jit(lambda k: d3p.random.split(k, 2))(key)
+    np.testing.assert_array_equal(init_key, split[0])
+    np.testing.assert_array_equal(batch_key, split[1])
+    np.testing.assert_array_equal(step_key, jax.jit(d3p.random.fold_in)(split[0], jnp.uint32(1)))
+    assert all(isinstance(k, jax.Array) and k.dtype == jnp.uint32 and k.shape == (8,)
+               for k in (init_key, batch_key, step_key, ))
+
+
+def test_traced_vmapped_committed_and_large_derivations_keep_the_compiled_path(monkeypatch):
+    calls = []
+    host = _keystream._blocks_host
+    monkeypatch.setattr(_keystream, "_blocks_host", lambda *a: calls.append(1) or host(*a))
+    key = d3p.random.PRNGKey(5)
+    keys = d3p.random.split(key, 3)
+    assert len(calls) == 1
+    jax.jit(lambda k: d3p.random.fold_in(k, 2))(key)
+    jax.vmap(lambda k: d3p.random.split(k, 2))(keys)
+    committed = jax.device_put(key, jax.devices()[0])
+    out = d3p.random.fold_in(committed, 3)
+    assert out.committed and out.devices() == committed.devices()
+    d3p.random.split(key, _keystream.HOST_EAGER_MAX_BLOCKS + 1)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(out, d3p.random.fold_in(key, 3))
+
+
+def test_unstacked_gives_the_rows():
+    keys = d3p.random.split(d3p.random.PRNGKey(6), 3)
+    rows, traced = traced_programs(lambda: unstacked(keys))
+    assert traced == 0 and len(rows) == 3
+    for row, expected in zip(rows, np.asarray(keys)):
+        assert isinstance(row, jax.Array)
+        np.testing.assert_array_equal(row, expected)
+    assert len(jax.jit(lambda k: jnp.stack(unstacked(k)))(keys)) == 3
