@@ -225,8 +225,8 @@ def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, e
             length = min(chunk, num_steps - done)
             svi_state, average, chunk_losses = run_chunk(svi_state, average, np.uint32(start + done), records,
                                                          np.uint32(length) if steps_traced else length)
-            if steps_traced and length < chunk_losses.shape[0]:   # on the host: slicing here would compile
-                chunk_losses = jax.device_put(np.asarray(chunk_losses)[:length])
+            if steps_traced and length < chunk_losses.shape[0]:
+                chunk_losses = _first(chunk_losses, length)
             losses.append(chunk_losses)
             done += length
             if bar is not None:
@@ -238,9 +238,28 @@ def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, e
     finally:
         if bar is not None:
             bar.close()
-    if len(losses) > 1:   # joined on the host: one small program fewer to compile
-        losses = [jax.device_put(np.concatenate([np.asarray(chunk) for chunk in losses]))]
+    if len(losses) > 1:
+        losses = [_joined(losses)]
     return svi_state, average, losses[0]
+
+
+def _in_process(values) -> bool:
+    """Whether ``values`` are concrete and all in this process: not traced
+    (``run`` inside a user's ``jit`` or ``vmap``), not spread over processes."""
+    return not isinstance(values, jax.core.Tracer) and values.is_fully_addressable
+
+
+def _first(values, length):
+    """``values[:length]``, sliced on the host where ``values`` are in this
+    process (slicing a JAX array outside a traced program compiles a program)."""
+    return jax.device_put(np.asarray(values)[:length]) if _in_process(values) else values[:length]
+
+
+def _joined(chunks):
+    """The chunks' losses concatenated, on the host where they are in this process."""
+    if all(_in_process(chunk) for chunk in chunks):
+        return jax.device_put(np.concatenate([np.asarray(chunk) for chunk in chunks]))
+    return jnp.concatenate(chunks)
 
 
 # ---------------------------------------------------------------- the run

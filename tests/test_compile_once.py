@@ -202,6 +202,18 @@ def test_on_cpu_runs_of_any_number_of_steps_share_one_program(monkeypatch):
 
 
 @cpu_default
+def test_a_run_inside_a_users_jit_slices_and_joins_its_chunks_as_outside(monkeypatch):
+    # chunks of 4 and 2 steps: the second's losses sliced from its buffer, then joined; traced inside jit
+    monkeypatch.setattr(run_module, "_CHUNK_STEPS", 4)
+    svi = normal_mean_svi(clipping_threshold=1.0, dp_scale=1.0, N=N)
+    key = d3p.random.PRNGKey(5)
+    outside = svi.run(key, 6, XS, batch_size=B, progress_bar=False).losses
+    inside = jax.jit(lambda k: svi.run(k, 6, XS, batch_size=B, progress_bar=False).losses)(key)
+    assert outside.shape == inside.shape == (6,)
+    np.testing.assert_allclose(np.asarray(inside), np.asarray(outside), rtol=1e-6)   # another program's fusions
+
+
+@cpu_default
 def test_the_number_of_steps_is_an_argument_on_cpu_only(monkeypatch):
     svi = normal_mean_svi(clipping_threshold=1.0, dp_scale=1.0, N=N)
     assert run_module._steps_traced(svi)   # JAX's default device here: a CPU
