@@ -25,7 +25,7 @@ size and JAX's compile log).
 
 Usage::
 
-    python benchmarks/compile.py [--models logreg hlogreg vae] [--rounds 3] [--json OUT]
+    python benchmarks/compile.py [--models logreg hlogreg vae] [--rounds 3] [--json OUT] [--rng-suite debug]
 
 The code measured is the ``d3p`` on the import path: with
 ``PYTHONPATH=<a worktree of an earlier commit>`` the same script measures
@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dpsvi_vs_svi import make_problem  # noqa: E402
 
 import d3p.random  # noqa: E402
+import d3p.random.debug  # noqa: E402
 from d3p.svi import DPSVI  # noqa: E402
 
 
@@ -70,15 +71,15 @@ def measure(make_update, state, batch) -> dict:
             "cuda_lowered_ops": _op_lines(cuda)}
 
 
-def bench_model(name: str, rounds: int) -> dict:
+def bench_model(name: str, rounds: int, rng_suite=d3p.random) -> dict:
     model, guide, batch, shared, B, N, lr = make_problem(name, np.random.default_rng(0))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         svi = SVI(model, guide, numpyro.optim.Adam(lr), Trace_ELBO(), **shared)
         svi_state = svi.init(jax.random.PRNGKey(0), *batch)
         dpsvi = DPSVI(model, guide, numpyro.optim.Adam(lr), Trace_ELBO(), clipping_threshold=1.0, dp_scale=1.0,
-                      **shared)
-        dp_state = dpsvi.init(d3p.random.PRNGKey(0), *batch)
+                      rng_suite=rng_suite, **shared)
+        dp_state = dpsvi.init(rng_suite.PRNGKey(0), *batch)
         out = {"svi": [], "dpsvi": []}
         for _ in range(rounds):
             out["svi"].append(measure(lambda: svi.update, svi_state, batch))
@@ -150,7 +151,11 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-runs", action="store_true", help="skip the two runs")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--rng-suite", choices=["chacha", "debug"], default="chacha",
+                        help="DPSVI's PRNG suite: d3p.random (ChaCha20, the default) or d3p.random.debug "
+                             "(JAX's Threefry; for telling the generator's share of the compile)")
     args = parser.parse_args(argv)
+    rng_suite = d3p.random.debug if args.rng_suite == "debug" else d3p.random
     print(f"d3p from {os.path.dirname(d3p.__file__)}, jax {jax.__version__}, numpyro {numpyro.__version__}, "
           f"{os.cpu_count()} CPUs", flush=True)
     rows = []
@@ -158,7 +163,7 @@ def main(argv=None):
           "(trace+lower+compile) ratio | optimized ops SVI / DPSVI (ratio) | CUDA-lowered ops SVI / DPSVI (ratio) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models:
-        r = bench_model(name, args.rounds)
+        r = bench_model(name, args.rounds, rng_suite)
         rows.append(r)
         print(f"| {name} | {r['B']} | {r['svi_trace_lower_s']:.2f} | {r['svi_compile_s']:.2f} | "
               f"{r['dpsvi_trace_lower_s']:.2f} | {r['dpsvi_compile_s']:.2f} | {r['ratio_compile_s']:.2f} | "

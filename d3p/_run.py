@@ -244,9 +244,10 @@ def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, e
 
 
 def _in_process(values) -> bool:
-    """Whether ``values`` are concrete and all in this process: not traced
-    (``run`` inside a user's ``jit`` or ``vmap``), not spread over processes."""
-    return not isinstance(values, jax.core.Tracer) and values.is_fully_addressable
+    """Whether ``values`` are concrete and on the default device: not traced
+    (``run`` inside a user's ``jit`` or ``vmap``), not committed to a device
+    or spread over a mesh's devices (kept there, as the steps left them)."""
+    return not isinstance(values, jax.core.Tracer) and not values.committed and len(values.devices()) == 1
 
 
 def _first(values, length):
