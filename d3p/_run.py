@@ -22,7 +22,7 @@ from d3p._public_init import public_records
 from d3p._records import _records
 from d3p._state import check_state
 from d3p.ledger import PrivacyLedger, key_fingerprint
-from d3p.random._common import unstacked
+from d3p.random._common import on_the_host, unstacked
 
 
 def _batch_gatherer(sampler, rng_suite, treedef):
@@ -243,22 +243,16 @@ def _run_in_chunks(run_chunk, svi_state, average, records, num_steps, start=0, e
     return svi_state, average, losses[0]
 
 
-def _in_process(values) -> bool:
-    """Whether ``values`` are concrete and on the default device: not traced
-    (``run`` inside a user's ``jit`` or ``vmap``), not committed to a device
-    or spread over a mesh's devices (kept there, as the steps left them)."""
-    return not isinstance(values, jax.core.Tracer) and not values.committed and len(values.devices()) == 1
-
-
 def _first(values, length):
-    """``values[:length]``, sliced on the host where ``values`` are in this
-    process (slicing a JAX array outside a traced program compiles a program)."""
-    return jax.device_put(np.asarray(values)[:length]) if _in_process(values) else values[:length]
+    """``values[:length]``, sliced on the host where ``on_the_host`` allows:
+    not traced (``run`` inside a user's ``jit`` or ``vmap``), not committed to
+    a device or spread over a mesh's devices (kept there, as the steps left them)."""
+    return jax.device_put(np.asarray(values)[:length]) if on_the_host(values) else values[:length]
 
 
 def _joined(chunks):
-    """The chunks' losses concatenated, on the host where they are in this process."""
-    if all(_in_process(chunk) for chunk in chunks):
+    """The chunks' losses concatenated, on the host where ``on_the_host`` allows."""
+    if all(on_the_host(chunk) for chunk in chunks):
         return jax.device_put(np.concatenate([np.asarray(chunk) for chunk in chunks]))
     return jnp.concatenate(chunks)
 

@@ -128,14 +128,20 @@ def in_two_halves(fn, xs, axis: int = 0, out_axis: int = 0, cpu_only: bool = Tru
     return jax.lax.platform_dependent(*xs, cpu=looped, default=fn)
 
 
+def on_the_host(value) -> bool:
+    """Whether an eager operation on ``value`` may run in NumPy instead (a
+    JAX operation outside a traced program compiles a program for its shape):
+    ``value`` is concrete (no tracer) and, if a JAX array, uncommitted on one
+    device, so that ``jax.device_put`` of the result lands where the eager
+    operation's would (the default device, uncommitted)."""
+    if isinstance(value, jax.core.Tracer):
+        return False
+    return not isinstance(value, jax.Array) or (not value.committed and len(value.devices()) == 1)
+
 
 def unstacked(keys) -> list:
-    """The rows of ``keys`` (e.g. of ``split``) as a list. Concrete ``uint32``
-    keys are split on the host: iterating a JAX array outside a traced program
-    compiles a program for it; traced or other keys are iterated as they are."""
-    if isinstance(keys, jax.core.Tracer) or not isinstance(keys, (jax.Array, np.ndarray)) \
-            or keys.dtype != np.uint32:
-        return list(keys)
-    if isinstance(keys, jax.Array) and (keys.committed or len(keys.devices()) != 1):
-        return list(keys)
-    return [jax.device_put(row) for row in np.asarray(keys)]
+    """The rows of ``keys`` (e.g. of ``split``) as a list: split on the host
+    where :func:`on_the_host` allows, else iterated as they are."""
+    if isinstance(keys, (jax.Array, np.ndarray)) and keys.dtype == np.uint32 and on_the_host(keys):
+        return [jax.device_put(row) for row in np.asarray(keys)]
+    return list(keys)

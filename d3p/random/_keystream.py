@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from d3p.random._common import rotl_u32
+from d3p.random._common import on_the_host, rotl_u32
 
 KEY_WORDS = 8
 _CONSTANTS = np.array([0x61707865, 0x3320646E, 0x79622D32, 0x6B206574], dtype=np.uint32)
@@ -207,15 +207,11 @@ def _blocks_host(key, counter, nonce) -> np.ndarray:
 
 
 def _on_host(*values) -> bool:
-    """Whether a block function of ``values`` is computed on the host: every
-    value concrete (no tracer) and, if a JAX array, on one device and not
-    committed to it (the result then lands where an eager computation's would:
-    the default device, uncommitted), and at most :data:`HOST_EAGER_MAX_BLOCKS` blocks."""
-    for value in values:
-        if isinstance(value, jax.core.Tracer):
-            return False
-        if isinstance(value, jax.Array) and (value.committed or len(value.devices()) != 1):
-            return False
+    """Whether a block function of ``values`` (key, counter, nonce words) is
+    computed on the host: every value :func:`on_the_host`, and at most
+    :data:`HOST_EAGER_MAX_BLOCKS` blocks."""
+    if not all(on_the_host(value) for value in values):
+        return False
     shape = np.broadcast_shapes(*(np.shape(v) for v in values[1:]))
     return int(np.prod(shape, dtype=np.int64)) <= HOST_EAGER_MAX_BLOCKS
 
