@@ -10,7 +10,6 @@ initial parameters hold no private value (see :mod:`d3p._public_init`).
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.svi import SVI
 from numpyro.primitives import Messenger
