@@ -312,21 +312,35 @@ def _record_keys(jax_key, B: int):
     return record_keys, key_impl
 
 
+def _step_keys(svi, key):
+    """``(next_key, noise_key, count_key, jax_key)`` of a step from its state's ``key``:
+    the next state's key, the noise's, adaptive clipping's count noise's (None
+    without adaptive clipping) and the Monte Carlo draws' key for ``jax.random``,
+    all independent. With a suite that has ``split_with_jax_key`` (both of
+    d3p's) they come from one call of it: with ChaCha20, one block-function
+    loop in the compiled step; a suite with the plain interface splits one key
+    more and converts it."""
+    num = 2 if svi.adaptive_clipping is None else 3
+    both = getattr(svi.rng_suite, "split_with_jax_key", None)
+    if both is not None:
+        keys, jax_key = both(key, num)
+    else:
+        keys = svi.rng_suite.split(key, num + 1)
+        jax_key = svi.rng_suite.convert_to_jax_rng_key(keys[num])
+    return keys[0], keys[1], (keys[2] if num == 3 else None), jax_key
+
+
 def noisy_gradient(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
     """``(state, noisy_gradient, loss)`` of one step (see :meth:`DPSVI.update`);
     ``state`` has the new key and observation scale, the old optimizer state."""
     check_state(svi_state)
-    rng_key, grad_key, noise_key = svi.rng_suite.split(
-        suite_key(svi.rng_suite, svi_state.rng_key, "svi_state.rng_key"), 3)
+    rng_key, noise_key, count_key, jax_key = _step_keys(
+        svi, suite_key(svi.rng_suite, svi_state.rng_key, "svi_state.rng_key"))
     records, treedef, B = _records(args, kwargs)
     mask = _checked_mask(mask, B)
     expected_batch_size = _public_batch_size(expected_batch_size, B)
     warn_if_all_noise(svi, expected_batch_size, stacklevel=5)   # the caller of update
     C = step_threshold(svi, svi_state)
-    count_key = None
-    if svi.adaptive_clipping is not None:   # the noise of adaptive clipping's count: a key of its own
-        noise_key, count_key = svi.rng_suite.split(noise_key, 2)
-    jax_key = svi.rng_suite.convert_to_jax_rng_key(grad_key)
     record_keys, key_impl = _record_keys(jax_key, B)
     params = svi.optim.get_params(svi_state.optim_state)
     with _model_facts.model_errors_explained(svi, args, kwargs):

@@ -28,8 +28,9 @@ from jax.experimental import io_callback
 
 import d3p.random
 from d3p import _sampling, _validate
-from d3p._uniform_draws import LOOP_FAILURE_PROBABILITY, _SENTINEL, _distinct_uniform, _uniform_indices
-from d3p.random._common import suite_key
+from d3p._uniform_draws import (LOOP_FAILURE_PROBABILITY, _SENTINEL, _distinct_uniform, _round_words,
+                                _single_pass_draws, _uniform_indices)
+from d3p.random._common import stream_words, suite_key
 
 # The relations the samplers are analysed under, and the default overflow
 # bound of Poisson batches (each documented where d3p.minibatch exports it).
@@ -178,12 +179,11 @@ def _binomial_thresholds(num_records: int, q: float, max_batch_size: int):
 
 
 def _binomial_count(
-    rng_key, num_records: int, q: float, max_batch_size: int, rng_suite, suppress: bool = False
+    words: jax.Array, num_records: int, q: float, max_batch_size: int, suppress: bool = False
 ) -> jax.Array:
-    """``min(K, max_batch_size)`` for ``K ~ Binomial(N, q)`` by inverse CDF on 64 random bits;
-    with ``suppress``, 0 instead where ``K > max_batch_size``."""
+    """``min(K, max_batch_size)`` for ``K ~ Binomial(N, q)`` by inverse CDF on 64 random bits
+    (two random ``words``); with ``suppress``, 0 instead where ``K > max_batch_size``."""
     hi, lo, finite = _binomial_thresholds(num_records, q, max_batch_size)
-    words = rng_suite.random_bits(rng_key, 32, (2,))
     u_hi, u_lo = words[0].astype(jnp.uint32), words[1].astype(jnp.uint32)
     # K = number of k in 0..m with T_k <= u (T is non-decreasing), capped at m + 1:
     # the sum is m + 1 exactly when K > m (T_m is finite only if m < N)
@@ -443,12 +443,16 @@ class PoissonSampler:
         return _sample(self, rng_key, _validate.rng_suite("rng_suite", rng_suite))
 
     def _draw(self, rng_key, rng_suite):
-        count_key, index_key = rng_suite.split(rng_key, 2)
-        suppress = self.handle_oversized_batch == "suppress"
-        count = _binomial_count(
-            count_key, self.num_records, self.q, self.max_batch_size, rng_suite, suppress
-        )
-        indices, ok = _distinct_uniform(index_key, self.max_batch_size, self.num_records, rng_suite)
+        # the count's two words are stream 0 of rng_key (d3p.random.stream_words), the candidates'
+        # blocks streams 1, 2, ...: in one call with the first block where one block is all it takes
+        m, n = self.max_batch_size, self.num_records
+        if _single_pass_draws(m, n) is None:
+            (words,) = stream_words(rng_suite, rng_key, 0, (2,))
+            first = None
+        else:
+            words, first = stream_words(rng_suite, rng_key, 0, (2, _round_words(m, n)))
+        count = _binomial_count(words, n, self.q, m, self.handle_oversized_batch == "suppress")
+        indices, ok = _distinct_uniform(rng_key, m, n, rng_suite, stream=1, first_words=first)
         mask = jnp.arange(self.max_batch_size) < count
         return indices, mask, ok
 

@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from d3p.random import _keystream
-from d3p.random._common import mulhi_u32
+from d3p.random._common import mulhi_u32, stream_words
 
 _SENTINEL = np.int32(2**31 - 1)  # larger than every valid index
 
@@ -171,13 +171,18 @@ def _first_occurrences(pool: jax.Array, num_records: int) -> jax.Array:
     return (earliest[start] == positions) & (pool != _SENTINEL)
 
 
-def _candidates(rng_key, block: int, num_records: int, rng_suite, t) -> jax.Array:
-    """Block ``t`` of :func:`_distinct_uniform`'s candidates: ``block`` exactly
-    uniform values in ``[0, num_records)`` from the words of
-    ``rng_suite.fold_in(rng_key, t)``, ``_SENTINEL`` where a word is rejected."""
-    words = rng_suite.random_bits(rng_suite.fold_in(rng_key, t), 32, (block,))
+def _candidates(words: jax.Array, num_records: int) -> jax.Array:
+    """One block of :func:`_distinct_uniform`'s candidates: exactly uniform values in
+    ``[0, num_records)`` from ``words``, ``_SENTINEL`` where a word is rejected."""
     values, accepted = _uniform_below(words, num_records)
     return jnp.where(accepted, values, _SENTINEL)
+
+
+def _round_words(num: int, num_records: int) -> int:
+    """The words of each block of candidates of :func:`_distinct_uniform` (its single
+    pass, or each iteration of its loop)."""
+    single = _single_pass_draws(num, num_records)
+    return _draw_block_size(num, num_records) if single is None else single
 
 
 def _append_new(num: int, found, count, cand, new):
@@ -190,13 +195,17 @@ def _append_new(num: int, found, count, cand, new):
     return found, jnp.minimum(count + jnp.sum(new, dtype=jnp.int32), num).astype(jnp.int32)
 
 
-def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> Tuple[jax.Array, jax.Array]:
+def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite, stream: int = 0,
+                      first_words: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
     """An exactly uniform random sequence of ``num`` distinct indices in ``[0, num_records)``.
 
     Every ordered sequence of ``num`` distinct indices has probability
     ``(N - num)! / N!`` (given ideal random bits); in particular the first
     ``k`` entries form a uniform k-subset for every ``k <= num``. Block ``t``
-    of candidates uses the key ``rng_suite.fold_in(rng_key, t)``.
+    of candidates is stream ``stream + t`` of ``(rng_key, 0)``
+    (:func:`d3p.random._common.stream_words`, :func:`_round_words` words);
+    ``first_words``: block 0's words where the caller drew them (in the same
+    call as its other words).
 
     Where ``N`` is well above ``num`` (:func:`_single_pass_draws`), one block
     of candidates large enough to hold ``num`` distinct values except with
@@ -214,12 +223,18 @@ def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> Tuple[j
     complete, and then ``indices`` is not a valid batch.
     """
     single = _single_pass_draws(num, num_records)
-    block = _draw_block_size(num, num_records) if single is None else single
-    candidates = partial(_candidates, rng_key, block, num_records, rng_suite)
+    block = _round_words(num, num_records)
+
+    def candidates(t):
+        if first_words is not None and not isinstance(t, jax.core.Tracer) and t == 0:
+            return _candidates(first_words, num_records)
+        (words,) = stream_words(rng_suite, rng_key, 0, (block,), jnp.uint32(stream) + t)
+        return _candidates(words, num_records)
+
     keep = partial(_append_new, num)
     empty = jnp.full((num,), _SENTINEL, jnp.int32)
     if single is not None:
-        cand = candidates(jnp.uint32(0))
+        cand = candidates(0)
         found, count = keep(empty, jnp.int32(0), cand, _first_occurrences(cand, num_records))
         return found, count == num
 
@@ -242,7 +257,8 @@ def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite) -> Tuple[j
 
 
 def _uniform_indices(rng_key, num: int, num_records: int, rng_suite) -> Tuple[jax.Array, jax.Array]:
-    """``num`` independent, exactly uniform indices in ``[0, num_records)``.
+    """``num`` independent, exactly uniform indices in ``[0, num_records)``, the words of
+    iteration ``t`` stream ``t`` of ``(rng_key, 0)`` (:func:`d3p.random._common.stream_words`).
 
     Returns ``(indices, ok)``; ``ok`` is False if the loop reached its bound
     (:func:`_uniform_indices_max_iterations`) before every position was drawn.
@@ -254,7 +270,7 @@ def _uniform_indices(rng_key, num: int, num_records: int, rng_suite) -> Tuple[ja
 
     def body(state):
         out, done, t = state
-        words = rng_suite.random_bits(rng_suite.fold_in(rng_key, t), 32, (num,))
+        (words,) = stream_words(rng_suite, rng_key, 0, (num,), t)
         values, accepted = _uniform_below(words, num_records)
         take = accepted & ~done
         return jnp.where(take, values, out), done | take, t + 1

@@ -41,6 +41,16 @@ N. With ideal random bits the result is exactly uniform; with
 :mod:`d3p.random` it is ChaCha20's keystream turned into that distribution,
 i.e. indistinguishable from it as far as ChaCha20 is a secure stream cipher.
 
+**Where the words come from.** A batch's words are independent streams of
+its key (:func:`d3p.random.stream_words`): a Poisson batch's count takes two
+words of stream 0 and its blocks of candidates streams 1, 2, ...; a
+fixed-size batch's blocks streams 0, 1, ... Where one block of candidates
+suffices, all of a batch's words come from one call of ChaCha20's block
+function (a compiled sampler holds one block-function loop, where a key
+split and a key per block took four or five; each compiled in its own
+right). Batch ``i`` of a run or of ``get_batch`` is the batch of
+``fold_in(key, i)``.
+
 **Every loop is bounded.** Each ``lax.while_loop`` (and the single pass)
 stops after a number of words computed on the host so that, with ideal
 random bits, a draw needs more with probability at most

@@ -49,6 +49,11 @@ at most 2 units in the last place (11 of 52 run values; ChaCha20's none) and
 were recorded again (``--runs``). Since ``formulation="auto"`` chooses
 ``"aligned"`` for these models, the runs ask for ``"own_sample"`` by name
 (the formulation they were recorded with; ``"aligned"`` has its own tests).
+Since a step takes its keys from one call (``split_with_jax_key``: the
+Monte Carlo key from the state's key, no longer from a key of its split)
+and a sampler its words from streams of its key (``stream_words``, a
+Poisson batch's count and candidates in one call), every value was recorded
+again with that code (the script without arguments).
 """
 
 import json

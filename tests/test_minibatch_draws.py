@@ -59,11 +59,12 @@ def test_first_occurrences_is_the_first_of_each_value_in_pool_order(size, num_re
 
 
 def _distinct_uniform_reference(rng_key, num, num_records):
-    """The first ``num`` distinct accepted values, block t of words from fold_in(key, t)."""
+    """The first ``num`` distinct accepted values, block t of words stream t of (key, 0)
+    (``d3p.random.stream_words``, checked against the block function in test_random_host_blocks.py)."""
     single = minibatch._single_pass_draws(num, num_records)
     block = minibatch._draw_block_size(num, num_records) if single is None else single
     max_blocks = 1 if single is not None else minibatch._distinct_uniform_max_iterations(num, num_records, block)
-    words_of = jax.jit(lambda k, t: d3p.random.random_bits(d3p.random.fold_in(k, t), 32, (block,)))
+    words_of = jax.jit(lambda k, t: d3p.random.stream_words(k, 0, (block,), t)[0])
     found, seen = [], set()
     for t in range(max_blocks):
         words = np.asarray(words_of(rng_key, jnp.uint32(t)), np.uint64)

@@ -16,6 +16,7 @@ import pytest
 import d3p.random
 from d3p import _run
 from d3p.random import _keystream
+from d3p.random import _common
 from d3p.random._common import unstacked
 
 from _backend import traced_programs
@@ -115,3 +116,104 @@ def test_unstacked_gives_the_rows():
         assert isinstance(row, jax.Array)
         np.testing.assert_array_equal(row, expected)
     assert len(jax.jit(lambda k: jnp.stack(unstacked(k)))(keys)) == 3
+
+
+# ---------------------------------------------------------------- a step's keys in one call
+
+
+@pytest.mark.parametrize("num", [1, 2, 3])
+@pytest.mark.parametrize("where", ["host", "traced"])
+def test_split_with_jax_key_gives_the_keys_of_split_and_convert_to_jax_rng_key(num, where):
+    key = d3p.random.PRNGKey(31 + num)
+    if where == "host":
+        keys, jax_key = d3p.random.split_with_jax_key(key, num)
+    else:
+        keys, jax_key = jax.jit(d3p.random.split_with_jax_key, static_argnums=1)(key, num)
+    np.testing.assert_array_equal(np.asarray(keys), np.asarray(d3p.random.split(key, num)))
+    np.testing.assert_array_equal(np.asarray(jax_key), np.asarray(d3p.random.convert_to_jax_rng_key(key)))
+    assert jax_key.shape == jax.random.PRNGKey(0).shape and jax_key.dtype == jnp.uint32
+    with pytest.raises(ValueError, match="num >= 1"):
+        d3p.random.split_with_jax_key(key, 0)
+
+
+def test_split_with_jax_key_is_one_block_function_call(monkeypatch):
+    calls = []
+    real = _keystream.chacha20_block
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(_keystream, "chacha20_block", counted)
+    jax.jit(lambda k: d3p.random.split_with_jax_key(k, 3)).trace(d3p.random.PRNGKey(0))   # a fresh trace
+    assert len(calls) == 1
+    # power: the two functions it stands for are two calls
+    calls.clear()
+    jax.jit(lambda k: (d3p.random.split(k, 3), d3p.random.convert_to_jax_rng_key(k))).trace(d3p.random.PRNGKey(0))
+    assert len(calls) == 2
+
+
+def test_the_debug_suites_split_with_jax_key_is_jax_splitting_once_more():
+    key = d3p.random.debug.PRNGKey(5)
+    keys, jax_key = d3p.random.debug.split_with_jax_key(key, 2)
+    np.testing.assert_array_equal(np.asarray(keys), np.asarray(jax.random.split(key, 3)[:2]))
+    np.testing.assert_array_equal(np.asarray(jax_key), np.asarray(jax.random.split(key, 3)[2]))
+
+
+# ---------------------------------------------------------------- a batch's words in one call
+
+
+def _stream_reference(key, data, count, j):
+    """Stream ``j`` of ``(key, data)`` from the host block function: nonce (5, data, j), counters 0, 1, ..."""
+    blocks = _keystream._blocks_host(np.asarray(key), np.arange(-(-count // 16), dtype=np.uint32),
+                                     (np.uint32(5), np.uint32(data), np.uint32(j)))
+    return blocks.reshape(-1)[:count]
+
+
+@pytest.mark.parametrize("where", ["host", "traced"])
+def test_stream_words_are_the_keystreams_of_their_nonces(where):
+    key = d3p.random.PRNGKey(7)
+    counts, data, first = (2, 40, 16, 1), 12, 3
+    if where == "host":
+        streams = d3p.random.stream_words(key, data, counts, first)
+    else:
+        streams = jax.jit(lambda k, d, f: d3p.random.stream_words(k, d, counts, f))(
+            key, jnp.uint32(data), jnp.uint32(first))
+    assert [s.shape for s in streams] == [(c,) for c in counts]
+    for j, (s, c) in enumerate(zip(streams, counts)):
+        np.testing.assert_array_equal(np.asarray(s), _stream_reference(key, data, c, first + j))
+    # another batch or stream is another keystream
+    assert not np.array_equal(_stream_reference(key, data, 16, 0), _stream_reference(key, data + 1, 16, 0))
+    assert not np.array_equal(_stream_reference(key, data, 16, 0), _stream_reference(key, data, 16, 1))
+    with pytest.raises(ValueError, match="at least one word"):
+        d3p.random.stream_words(key, data, (2, 0))
+    with pytest.raises(ValueError, match="data in"):
+        d3p.random.stream_words(key, -1, (2,))
+
+
+def test_stream_words_is_one_block_function_call(monkeypatch):
+    calls = []
+    real = _keystream.chacha20_block
+    monkeypatch.setattr(_keystream, "chacha20_block", lambda *a: calls.append(a) or real(*a))
+    jax.jit(lambda k, i: d3p.random.stream_words(k, i, (2, 300))).trace(d3p.random.PRNGKey(0), jnp.uint32(1))
+    assert len(calls) == 1
+    # power: a key per stream and its bits are two calls per stream
+    calls.clear()
+    jax.jit(lambda k, i: d3p.random.split(d3p.random.fold_in(k, i), 2)).trace(d3p.random.PRNGKey(0), jnp.uint32(1))
+    assert len(calls) == 2
+
+
+class _PlainSuite:
+    """A suite with the plain interface only (d3p.random.debug's functions)."""
+    fold_in = staticmethod(d3p.random.debug.fold_in)
+    random_bits = staticmethod(d3p.random.debug.random_bits)
+
+
+def test_a_suite_without_stream_words_gets_the_composition_the_debug_suite_has():
+    key = d3p.random.debug.PRNGKey(3)
+    got = _common.stream_words(_PlainSuite, key, 4, (2, 5), 1)
+    want = d3p.random.debug.stream_words(key, 4, (2, 5), 1)
+    inner = jax.random.fold_in(key, 4)
+    for g, w, j, c in zip(got, want, (1, 2), (2, 5)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.random.bits(jax.random.fold_in(inner, j), (c,))))

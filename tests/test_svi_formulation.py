@@ -64,8 +64,7 @@ def moved(svi, state, params):
 def shared_key(state):
     """The key of the draw shared by the batch in the step from ``state``
     (as in d3p._private_step.step_losses)."""
-    _, grad_key, _ = d3p.random.split(state.rng_key, 3)
-    jax_key = d3p.random.convert_to_jax_rng_key(grad_key)
+    jax_key = d3p.random.convert_to_jax_rng_key(state.rng_key)   # d3p._private_step._step_keys
     return jax.random.fold_in(_threefry.fast_key(jax_key), 0x5348)
 
 

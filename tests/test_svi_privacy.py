@@ -97,9 +97,9 @@ def test_no_privacy_trajectory_equals_numpyro_svi():
 
 
 def _record_keys(svi, state, B):
-    """The per-record Monte Carlo keys DPSVI.update uses (see DPSVI._noisy_gradient)."""
-    _, grad_key, _ = d3p.random.split(state.rng_key, 3)
-    return jax.random.split(d3p.random.convert_to_jax_rng_key(grad_key), B)
+    """The per-record Monte Carlo keys DPSVI.update uses (d3p._private_step._step_keys:
+    the JAX key of the state's key, beside the keys of its split)."""
+    return jax.random.split(d3p.random.convert_to_jax_rng_key(state.rng_key), B)
 
 
 def test_plate_scaling_equals_full_data_elbo_gradient_for_same_guide_samples():

@@ -10,6 +10,13 @@ turns a JAX key (``jax.random.key``, ``jax.random.PRNGKey``) into a key of
 the secure suite; d3p's entry points (``DPSVI.init``, ``update``, ``run``,
 ``evaluate``, the samplers, the twin's ``fit``) apply it to the keys they are
 given.
+
+Both suites also have :func:`split_with_jax_key` (``split`` and
+``convert_to_jax_rng_key`` of one key, independent of each other; with ChaCha20
+from one call of the block function) and :func:`stream_words` (independent
+streams of 32-bit words of one key, in one call), with which a private step
+takes its keys and a sampler its words; a suite with the plain interface
+does without them (``d3p._private_step``, :func:`d3p.random._common.stream_words`).
 """
 
 from d3p.random import debug
@@ -24,10 +31,12 @@ from d3p.random.chacha import (  # noqa: F401 (re-exported, see __all__)
     randint,
     random_bits,
     split,
+    split_with_jax_key,
+    stream_words,
     uniform,
 )
 
 from d3p.random.discrete import discrete_gaussian
 from d3p.random.host import normal_float64
 
-__all__ = [*SUITE_API, "as_key", "debug", "discrete_gaussian", "normal_float64"]
+__all__ = [*SUITE_API, "as_key", "debug", "discrete_gaussian", "normal_float64", "split_with_jax_key", "stream_words"]

@@ -145,3 +145,16 @@ def unstacked(keys) -> list:
     if isinstance(keys, (jax.Array, np.ndarray)) and keys.dtype == np.uint32 and on_the_host(keys):
         return [jax.device_put(row) for row in np.asarray(keys)]
     return list(keys)
+
+
+def stream_words(rng_suite, key, data, counts, first=0) -> tuple:
+    """``rng_suite.stream_words(key, data, counts, first)`` (both of d3p's suites have it: one
+    block-function call with ChaCha20), or for a suite with the plain interface the words of
+    ``random_bits(fold_in(fold_in(key, data), first + j), 32, (counts[j],))``: independent
+    streams of 32-bit words, one per use, for a sampler's batch ``data``."""
+    own = getattr(rng_suite, "stream_words", None)
+    if own is not None:
+        return own(key, data, counts, first)
+    outer = rng_suite.fold_in(key, data)
+    return tuple(rng_suite.random_bits(rng_suite.fold_in(outer, jnp.uint32(first) + np.uint32(j)), 32, (int(c),))
+                 for j, c in enumerate(counts))

@@ -22,7 +22,12 @@ purpose                     nonce (3 words)     block counter
 ``fold_in(key, data)``      ``(2, data, 0)``    0
 ``convert_to_jax_rng_key``  ``(3, 0, 0)``       0
 ``as_key`` of a JAX key     ``(4, n, 0)``       0 (keyed by the JAX key)
+``stream_words`` stream j   ``(5, data, j)``    0, 1, 2, ... (one per block)
 ==========================  ==================  ============================
+
+:func:`split_with_jax_key` computes ``split``'s and ``convert_to_jax_rng_key``'s
+blocks in one call of the block function, :func:`stream_words` several
+streams in one call: the same words, fewer loops in a compiled program.
 
 A child key (from ``split`` or ``fold_in``) is the first 8 words of one
 keystream block; with ChaCha20 as a pseudo-random function these are
@@ -38,7 +43,7 @@ generator; the noise is still ChaCha20's (see docs/privacy.md, "Keys").
 
 import functools
 import os
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +57,7 @@ from d3p.random._common import (
     raw_jax_key_shape,
 )
 
-__all__ = [*SUITE_API, "as_key", "chacha20_block"]
+__all__ = [*SUITE_API, "as_key", "chacha20_block", "split_with_jax_key", "stream_words"]
 
 #: Type of a key of this suite: a ``uint32`` array of shape ``(8,)``.
 PRNGState = jax.Array
@@ -64,6 +69,7 @@ _NONCE_SPLIT = 1
 _NONCE_FOLD_IN = 2
 _NONCE_JAX_KEY = 3
 _NONCE_FROM_JAX_KEY = 4
+_NONCE_STREAMS = 5
 
 chacha20_block = _keystream.chacha20_block
 _keystream_words = _keystream.keystream_words
@@ -207,16 +213,21 @@ def fold_in(key: PRNGState, data: jax.typing.ArrayLike) -> PRNGState:
     taken modulo 2**32, a Python integer must lie in ``[0, 2**32)``.
     """
     key = _check_key(key)
+    return _keystream.block_words(key, np.uint32(0), (_NONCE_FOLD_IN, _data_word("data", data), 0), _KEY_WORDS)
+
+
+def _data_word(name: str, data):
+    """A 32-bit integer argument as ``uint32`` (traced or not): an integer array modulo
+    2**32, a Python integer checked to lie in ``[0, 2**32)``."""
     if isinstance(data, (int, np.integer)) and not isinstance(data, (bool, np.bool_)):
         if not 0 <= int(data) < 2**32:
-            raise ValueError(f"Expected data in [0, 2**32), got data={int(data)}.")
+            raise ValueError(f"Expected {name} in [0, 2**32), got {name}={int(data)}.")
         data = np.uint32(int(data))
     if not isinstance(data, (np.ndarray, np.generic)):
         data = jnp.asarray(data)
     if not jnp.issubdtype(data.dtype, jnp.integer):
-        raise TypeError(f"Expected integer data, got dtype {data.dtype}.")
-    data = data.astype(np.uint32) if data.dtype != np.uint32 else data
-    return _keystream.block_words(key, np.uint32(0), (_NONCE_FOLD_IN, data, 0), _KEY_WORDS)
+        raise TypeError(f"Expected integer {name}, got dtype {data.dtype}.")
+    return data.astype(np.uint32) if data.dtype != np.uint32 else data
 
 
 def _canonical_shape(shape) -> tuple:
@@ -509,3 +520,60 @@ def convert_to_jax_rng_key(key: PRNGState) -> jax.Array:
     key = _check_key(key)
     n = _jax_key_words(jax.config.jax_default_prng_impl)
     return _keystream.block_words(key, np.uint32(0), (_NONCE_JAX_KEY, 0, 0), n)
+
+
+def split_with_jax_key(key: PRNGState, num: int = 2) -> Tuple[jax.Array, jax.Array]:
+    """``(split(key, num), convert_to_jax_rng_key(key))`` from one call of the
+    block function: the ``num`` keys of :func:`split` and the key for
+    ``jax.random`` of :func:`convert_to_jax_rng_key`, the same values, as
+    ``num + 1`` blocks of one keystream call (their nonces tell them apart,
+    so the JAX key is independent of the ``num`` keys). A private step takes
+    its keys so (one block-function loop instead of two, in every compiled
+    step; on a GPU each loop iteration is a launch of its own).
+
+    :return: ``(uint32[num, 8], uint32[n])`` with ``n`` the words of
+        ``jax.random.PRNGKey`` under JAX's default implementation.
+    """
+    key = _check_key(key)
+    num = int(num)
+    if num < 1:
+        raise ValueError(f"Expected num >= 1, got num={num}.")
+    n = _jax_key_words(jax.config.jax_default_prng_impl)
+    counter = np.concatenate([np.arange(num, dtype=np.uint32), np.zeros(1, np.uint32)])
+    tag = np.array([_NONCE_SPLIT] * num + [_NONCE_JAX_KEY], dtype=np.uint32)
+    words = _keystream.block_words(key, counter, (tag, 0, 0), _KEY_WORDS)
+    return words[:num], words[num, :n]
+
+
+def stream_words(key: PRNGState, data: jax.typing.ArrayLike, counts: Sequence[int],
+                 first: jax.typing.ArrayLike = 0) -> Tuple[jax.Array, ...]:
+    """The first ``counts[s]`` words of streams ``first``, ``first + 1``, ... of
+    ``(key, data)``, from one call of the block function.
+
+    Stream ``j`` of ``(key, data)`` is the keystream of ``key`` under the
+    nonce ``(5, data, j)`` (block counter 0 on): for distinct ``(data, j)``
+    the streams are independent of each other and of every other use of
+    ``key`` (:func:`split`, :func:`fold_in`, :func:`random_bits` and
+    :func:`convert_to_jax_rng_key` take other nonces). A sampler draws a
+    batch's words so: ``data`` the batch's index (traced in a run), one
+    stream per use (:mod:`d3p.minibatch`).
+
+    :param data: a 32-bit integer, may be traced (as :func:`fold_in`'s).
+    :param counts: the number of words of each stream (static, each >= 1).
+    :param first: the index of the first stream (may be traced).
+    :return: a tuple of ``uint32[counts[s]]``.
+    """
+    key = _check_key(key)
+    counts = [int(c) for c in counts]
+    if not counts or min(counts) < 1:
+        raise ValueError(f"Expected counts of at least one word each, got counts={counts}.")
+    blocks = [-(-c // 16) for c in counts]
+    counter = np.concatenate([np.arange(b, dtype=np.uint32) for b in blocks])
+    stream = np.concatenate([np.full(b, j, dtype=np.uint32) for j, b in enumerate(blocks)])
+    first = _data_word("first", first)
+    words = _keystream.block_words(key, counter, (_NONCE_STREAMS, _data_word("data", data), stream + first))
+    out, start = [], 0
+    for c, b in zip(counts, blocks):
+        out.append(words[start:start + b].reshape(-1)[:c])
+        start += b
+    return tuple(out)

@@ -16,7 +16,7 @@ from d3p.random._common import (
     SUITE_API, describe_key, float_dtype, is_typed_jax_key, is_uint32_array, raw_jax_key_shape,
 )
 
-__all__ = [*SUITE_API, "as_key"]
+__all__ = [*SUITE_API, "as_key", "split_with_jax_key", "stream_words"]
 
 #: Type of a key of this suite: a key of ``jax.random``.
 PRNGState = jax.Array
@@ -101,3 +101,22 @@ def randint(key: PRNGState, shape: Sequence[int] = (), minval=0, maxval=None, dt
 def convert_to_jax_rng_key(key: PRNGState) -> jax.Array:
     """Returns ``key`` itself: keys of this suite are ``jax.random`` keys."""
     return key
+
+
+def split_with_jax_key(key: PRNGState, num: int = 2):
+    """``num`` keys and a key for ``jax.random`` independent of them, as
+    :func:`d3p.random.chacha.split_with_jax_key`: here the ``num + 1`` keys
+    of ``jax.random.split(key, num + 1)`` (``key`` itself, which
+    :func:`convert_to_jax_rng_key` returns, is not independent of its split)."""
+    keys = jax.random.split(key, int(num) + 1)
+    return keys[:-1], keys[-1]
+
+
+def stream_words(key: PRNGState, data, counts, first=0):
+    """The words of streams ``first``, ``first + 1``, ... of ``(key, data)``, as
+    :func:`d3p.random.chacha.stream_words`: here stream ``j`` is
+    ``jax.random.bits(fold_in(fold_in(key, data), j), (count,))`` (the
+    construction :func:`d3p.random._common.stream_words` uses for a suite
+    without the function)."""
+    return tuple(random_bits(fold_in(fold_in(key, data), jnp.uint32(first) + np.uint32(j)), 32, (int(c),))
+                 for j, c in enumerate(counts))
