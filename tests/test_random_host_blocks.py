@@ -216,4 +216,4 @@ def test_a_suite_without_stream_words_gets_the_composition_the_debug_suite_has()
     inner = jax.random.fold_in(key, 4)
     for g, w, j, c in zip(got, want, (1, 2), (2, 5)):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.random.bits(jax.random.fold_in(inner, j), (c,))))
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.random.bits(jax.random.fold_in(inner, j), (c,), jnp.uint32)))

@@ -44,6 +44,7 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 import scipy.stats
+from jax.flatten_util import ravel_pytree
 from jax.sharding import AxisType
 from numpyro.infer import Trace_ELBO
 
@@ -348,8 +349,10 @@ def test_paper_batch_sizes_equal_one_device(name, B, devices):
 
 
 def test_discrete_integer_sum_is_exact_sharded():
-    """The int32 sum over 8 devices is the one-device sum exactly, and so is the
-    released gradient (same noise, drawn once)."""
+    """The int32 sum over 8 devices is the one-device sum exactly (same noise, drawn
+    once): the released gradients differ by less than half an integer step, and by
+    at most the rounding of the public scaling after the sum (post-processing, which
+    the two programs may round differently: two units in the last place)."""
     svi, data = make_svi("logreg", mesh_of(8), noise="discrete", optim=numpyro.optim.SGD(1.0))
     one, _ = make_svi("logreg", noise="discrete", optim=numpyro.optim.SGD(1.0))
     batch = [x[:21] for x in data]
@@ -357,8 +360,13 @@ def test_discrete_integer_sum_is_exact_sharded():
     svi.init(d3p.random.PRNGKey(0), *batch)
     mask = jnp.arange(21) < 17
     new = [jax.jit(s.update)(state, *batch, mask=mask)[0] for s in (svi, one)]
-    np.testing.assert_array_equal(flat(svi.get_params(new[0])), flat(one.get_params(new[1])))
-    assert np.max(np.abs(flat(svi.get_params(new[0])) - flat(one.get_params(state)))) > 0
+    sharded, single = (np.asarray(ravel_pytree(s.get_params(n))[0]) for s, n in zip((svi, one), new))
+    # SGD(1.0): a parameter moves by the released gradient, and one integer step of the sum moves it by the
+    # grid times the public scale N / B >= 1 (N = 1000, a batch of 21)
+    step = one.discrete_plan(one.optim.get_params(state.optim_state)).grid
+    assert np.max(np.abs(sharded.astype(np.float64) - single)) < step / 2
+    np.testing.assert_array_max_ulp(sharded, single, maxulp=2)
+    assert np.max(np.abs(single - np.asarray(ravel_pytree(one.get_params(state))[0]))) > 0
 
 
 # ------------------------------------------------------------ noise and sensitivity
