@@ -412,7 +412,8 @@ class DPSVI(SVI):
     def evaluate(self, svi_state: DPSVIState, *args, **kwargs):
         """The ELBO loss on the given data at the current parameters.
 
-        NOT private: it is computed from the un-noised data.
+        NOT private: it is computed from the un-noised data. Its Monte Carlo
+        draws are those of a step from ``svi_state`` (never from a noise key).
 
         :param DPSVIState svi_state: current state.
         :param args: per-record data, as for :meth:`update` (lists, tuples
@@ -421,13 +422,12 @@ class DPSVI(SVI):
         """
         check_state(svi_state)
         records, treedef, _ = _records(args, kwargs)
-        _, eval_key = self.rng_suite.split(suite_key(self.rng_suite, svi_state.rng_key, "svi_state.rng_key"), 2)
+        jax_key = _private_step._step_keys(self, suite_key(self.rng_suite, svi_state.rng_key, "svi_state.rng_key"))[3]
         params = self.get_params(svi_state)
 
         def loss(records):
             args, kwargs = jax.tree.unflatten(treedef, records)
-            return self.loss.loss(self.rng_suite.convert_to_jax_rng_key(eval_key), params, self.model,
-                                  self.guide, *args, **kwargs, **self.static_kwargs)
+            return self.loss.loss(jax_key, params, self.model, self.guide, *args, **kwargs, **self.static_kwargs)
 
         # with a mesh, JAX partitions the loss over the records' shards
         with _model_facts.model_errors_explained(self, args, kwargs):

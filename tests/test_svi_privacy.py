@@ -102,6 +102,23 @@ def _record_keys(svi, state, B):
     return jax.random.split(d3p.random.convert_to_jax_rng_key(state.rng_key), B)
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_evaluate_draws_with_the_steps_monte_carlo_key_never_from_a_noise_key(adaptive, monkeypatch):
+    """``evaluate`` reads the key a step from the same state takes its Monte Carlo draws with
+    (d3p._private_step._step_keys), not one derived from a key its noise comes from."""
+    xs, ys = data(B=8)
+    svi = make(1.0, 1.0, adaptive_clipping=True if adaptive else None)
+    state = svi.init(d3p.random.PRNGKey(3), xs, ys)
+    seen = []
+    real = svi.loss.loss
+    monkeypatch.setattr(svi.loss, "loss", lambda key, *a, **k: seen.append(np.asarray(key)) or real(key, *a, **k))
+    svi.evaluate(state, xs, ys)
+    np.testing.assert_array_equal(seen[0], np.asarray(d3p.random.convert_to_jax_rng_key(state.rng_key)))
+    # power: the keys the step's noise and the next state come from, and their Monte Carlo keys, differ from it
+    for k in d3p.random.split(state.rng_key, 3 if adaptive else 2):
+        assert not np.array_equal(seen[0], np.asarray(d3p.random.convert_to_jax_rng_key(k)))
+
+
 def test_plate_scaling_equals_full_data_elbo_gradient_for_same_guide_samples():
     """sigma = 0, C = inf, formulation="per_record" (d3p 0.2's): the DP gradient is
     N/B times the sum of per-record ELBO gradients, i.e. the minibatch ELBO gradient
