@@ -226,15 +226,13 @@ def _distinct_uniform(rng_key, num: int, num_records: int, rng_suite, stream: in
     block = _round_words(num, num_records)
 
     def candidates(t):
-        if first_words is not None and not isinstance(t, jax.core.Tracer) and t == 0:
-            return _candidates(first_words, num_records)
         (words,) = stream_words(rng_suite, rng_key, 0, (block,), jnp.uint32(stream) + t)
         return _candidates(words, num_records)
 
     keep = partial(_append_new, num)
     empty = jnp.full((num,), _SENTINEL, jnp.int32)
     if single is not None:
-        cand = candidates(0)
+        cand = candidates(0) if first_words is None else _candidates(first_words, num_records)
         found, count = keep(empty, jnp.int32(0), cand, _first_occurrences(cand, num_records))
         return found, count == num
 

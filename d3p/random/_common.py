@@ -155,6 +155,12 @@ def stream_words(rng_suite, key, data, counts, first=0) -> tuple:
     own = getattr(rng_suite, "stream_words", None)
     if own is not None:
         return own(key, data, counts, first)
-    outer = rng_suite.fold_in(key, data)
-    return tuple(rng_suite.random_bits(rng_suite.fold_in(outer, jnp.uint32(first) + np.uint32(j)), 32, (int(c),))
+    return composed_stream_words(rng_suite.fold_in, rng_suite.random_bits, key, data, counts, first)
+
+
+def composed_stream_words(fold_in, random_bits, key, data, counts, first=0) -> tuple:
+    """The streams of a suite's plain interface (its ``fold_in`` and ``random_bits``):
+    stream ``j`` of ``(key, data)`` is ``random_bits(fold_in(fold_in(key, data), j), 32, (count,))``."""
+    outer = fold_in(key, data)
+    return tuple(random_bits(fold_in(outer, jnp.uint32(first) + np.uint32(j)), 32, (int(c),))
                  for j, c in enumerate(counts))

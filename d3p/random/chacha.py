@@ -555,8 +555,8 @@ def stream_words(key: PRNGState, data: jax.typing.ArrayLike, counts: Sequence[in
     the streams are independent of each other and of every other use of
     ``key`` (:func:`split`, :func:`fold_in`, :func:`random_bits` and
     :func:`convert_to_jax_rng_key` take other nonces). A sampler draws a
-    batch's words so: ``data`` the batch's index (traced in a run), one
-    stream per use (:mod:`d3p.minibatch`).
+    batch's words so, from the batch's key with ``data`` 0, one stream per
+    use (:mod:`d3p.minibatch`).
 
     :param data: a 32-bit integer, may be traced (as :func:`fold_in`'s).
     :param counts: the number of words of each stream (static, each >= 1).

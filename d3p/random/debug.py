@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from d3p.random._common import (
-    SUITE_API, describe_key, float_dtype, is_typed_jax_key, is_uint32_array, raw_jax_key_shape,
+    SUITE_API, composed_stream_words, describe_key, float_dtype, is_typed_jax_key, is_uint32_array, raw_jax_key_shape,
 )
 
 __all__ = [*SUITE_API, "as_key", "split_with_jax_key", "stream_words"]
@@ -118,5 +118,4 @@ def stream_words(key: PRNGState, data, counts, first=0):
     ``jax.random.bits(fold_in(fold_in(key, data), j), (count,))`` (the
     construction :func:`d3p.random._common.stream_words` uses for a suite
     without the function)."""
-    return tuple(random_bits(fold_in(fold_in(key, data), jnp.uint32(first) + np.uint32(j)), 32, (int(c),))
-                 for j, c in enumerate(counts))
+    return composed_stream_words(fold_in, random_bits, key, data, counts, first)
