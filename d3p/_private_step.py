@@ -81,6 +81,22 @@ def checked_threshold(svi) -> float:
     return C
 
 
+def optim_value(optim):
+    """The loss value NumPyro hands an optimizer that asks for one (optax
+    transformations): a public constant 0, never the loss, which is not
+    private (loss-reading transformations such as reduce_on_plateau then
+    never adapt); None for the others."""
+    return jnp.zeros(()) if getattr(optim, "update_with_value", False) else None
+
+
+def step_schedule_of(svi):
+    """The :class:`d3p._run_plan.RunStepSize` of ``svi``'s optimizer where d3p
+    made it (``optim=None``, or a twin's Adam), else None (also after
+    ``svi.optim = ...``)."""
+    chosen = svi._step_schedule
+    return chosen[1] if chosen is not None and svi.optim is chosen[0] else None
+
+
 def check_optimizer(optim) -> None:
     """Refuse optimizers that update from the loss value (``numpyro.optim.Minimize``,
     ``update_with_value``): the loss is computed from un-noised data. Optax
@@ -467,10 +483,12 @@ def sigma_value(sigma, params):
 
 def step(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
     """One step: ``(new_state, loss, noisy_gradient)``; see :meth:`DPSVI.update`."""
+    check_optimizer(svi.optim)   # as the constructor does: it may have been set since
     state, grad, loss = noisy_gradient(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode)
-    if svi._chosen_step_size is not None:   # d3p's Adam: its step size from the parameters' shapes
-        svi._chosen_step_size.fit(grad)
-    optim_state = svi.optim.update(grad, svi_state.optim_state, value=svi._optim_value)
+    step_size = step_schedule_of(svi)
+    if step_size is not None:   # d3p's Adam: its step size from the parameters' shapes
+        step_size.fit(grad)
+    optim_state = svi.optim.update(grad, svi_state.optim_state, value=optim_value(svi.optim))
     return state._replace(optim_state=optim_state), loss, grad
 
 

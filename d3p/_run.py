@@ -30,15 +30,18 @@ def _batch_gatherer(sampler, rng_suite, treedef):
     :meth:`DPSVI.run`, the records ``sampler`` picks with ``fold_in(batch_key, i)``
     from the per-record leaves ``data`` of the arguments of structure ``treedef``.
 
+    ``table``: a Poisson sampler's count table as arrays (see
+    :func:`batch_arguments`), else None.
+
     ``ok`` is False if the sampler's loop reached its bound (a broken random
     source, see :class:`d3p.minibatch.SamplingError`); the batch is then empty
     (mask all False). The caller raises after the compiled steps: checking in
     the step itself would cost a GPU a host round trip per step.
     """
 
-    def gather(batch_key, data, i):
+    def gather(batch_key, data, i, table=None):
         # jitted once per sampler and suite: the eager first batch compiles no loop again
-        indices, mask, ok = minibatch._sample_batch_jit(sampler, batch_key, i, rng_suite)
+        indices, mask, ok = minibatch._sample_batch_jit(sampler, batch_key, i, rng_suite, table)
         a, k = jax.tree.unflatten(treedef, [jnp.take(x, indices, axis=0) for x in data])
         return a, k, mask, ok
 
@@ -47,7 +50,7 @@ def _batch_gatherer(sampler, rng_suite, treedef):
 
 def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_params, fold_in, steps_traced=False):
     """``run_chunk(svi_state, average, keys, start, average_from, data, length,
-    sigma, clip) -> (svi_state, average, losses, ok)``: ``length`` steps of
+    sigma, clip, run_steps, batch) -> (svi_state, average, losses, ok)``: ``length`` steps of
     ``update`` from step ``start`` on, in one jitted loop. The keys, the data,
     ``average_from``, ``sigma`` and ``clip`` are arguments, so the compiled
     program serves every run. With ``steps_traced`` (:func:`_steps_traced`:
@@ -62,7 +65,10 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
     (:func:`d3p._private_step.traced_sigma`: a run at another ε compiles
     nothing), else None and σ is a constant of the program; ``clip`` likewise the clipping threshold
     (:func:`d3p._private_step.traced_threshold`: a run at another ``C``
-    compiles nothing). ``keys``: ``(batch_key, step_key)``; step ``i`` draws its batch
+    compiles nothing); ``batch``: a Poisson sampler's count table and its
+    expected batch size (:func:`batch_arguments`: a run at another ``q`` with
+    the same padded batch compiles nothing), else None and the sampler's
+    are constants. ``keys``: ``(batch_key, step_key)``; step ``i`` draws its batch
     with ``fold_in(batch_key, i)`` and its noise and Monte Carlo draws from
     ``fold_in(step_key, i)`` (:func:`step_keys`), never from the state's
     key, so that two releases share noise only if they share the run's key
@@ -72,13 +78,14 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
     ``ok``: whether every batch was drawn (see :func:`_batch_gatherer`)."""
     svi = update.__self__
 
-    def body_fn(carry, keys, i, average_from, data):
+    def body_fn(carry, keys, i, average_from, data, batch=None):
         svi_state, average, ok = carry
         batch_key, step_key = keys
-        a, k, mask, batch_ok = gather(batch_key, data, i)
+        table, batch_size = (None, expected_batch_size) if batch is None else batch
+        a, k, mask, batch_ok = gather(batch_key, data, i, table)
         svi_state = svi_state._replace(rng_key=fold_in(step_key, i))
         svi_state, loss = update(
-            svi_state, *a, mask=mask, expected_batch_size=expected_batch_size,
+            svi_state, *a, mask=mask, expected_batch_size=batch_size,
             forward_mode_differentiation=forward_mode, **k,
         )
         average = _averaged(average, get_params(svi_state.optim_state), i >= average_from)
@@ -89,11 +96,11 @@ def _compiled_chunks(update, gather, expected_batch_size, forward_mode, get_para
 
     @functools.partial(jax.jit, static_argnums=6)
     def run_chunk(svi_state, average, keys, start, average_from, data, length, sigma=None, clip=None,
-                  run_steps=None):
+                  run_steps=None, batch=None):
         steps = start + jnp.arange(length, dtype=jnp.uint32)
         with _step_arguments(svi, sigma, clip, run_steps):
             (svi_state, average, ok), losses = lax.scan(
-                lambda c, i: body_fn(c, keys, i, average_from, data), (svi_state, average, jnp.bool_(True)),
+                lambda c, i: body_fn(c, keys, i, average_from, data, batch), (svi_state, average, jnp.bool_(True)),
                 steps)
         return svi_state, average, losses, ok
 
@@ -107,7 +114,7 @@ _CHUNK_STEPS = 1000
 
 
 def _traced_length_chunk(svi, body_fn, svi_state, average, keys, start, average_from, data, length,
-                         sigma=None, clip=None, run_steps=None):
+                         sigma=None, clip=None, run_steps=None, batch=None):
     """:func:`_compiled_chunks`' chunk whose number of steps ``length`` (a
     ``uint32`` in ``[1, _CHUNK_STEPS]``) is an argument: a ``fori_loop`` whose
     trip count the program reads, the losses written into a buffer of
@@ -118,7 +125,7 @@ def _traced_length_chunk(svi, body_fn, svi_state, average, keys, start, average_
 
     def body(j, carry):
         carry, losses = carry
-        carry, loss = body_fn(carry, keys, start + j, average_from, data)
+        carry, loss = body_fn(carry, keys, start + j, average_from, data, batch)
         loss_dtypes.append(loss.dtype)
         return carry, losses.at[j].set(loss.astype(buffer_dtype))
 
@@ -132,17 +139,18 @@ def _traced_length_chunk(svi, body_fn, svi_state, average, keys, start, average_
 @contextlib.contextmanager
 def _step_arguments(svi, sigma, clip, run_steps=None):
     """σ and C of the chunk's arguments (or None: constants of the step), and
-    the run's number of steps that d3p's step size decays over (None: a
-    constant step size), read by the step while it is traced, and reset after."""
+    the arguments of d3p's step-size schedule (:class:`d3p._run_plan.RunStepSize`;
+    None: its constants), read by the step while it is traced, and reset after."""
     svi._run_sigma, svi._run_clip = sigma, clip
-    if svi._chosen_step_size is not None:
-        svi._chosen_step_size.run_steps = run_steps
+    step_size = _private_step.step_schedule_of(svi)
+    if step_size is not None:
+        step_size.run_steps = run_steps
     try:
         yield
     finally:
         svi._run_sigma = svi._run_clip = None
-        if svi._chosen_step_size is not None:
-            svi._chosen_step_size.run_steps = None
+        if step_size is not None:
+            step_size.run_steps = None
 
 
 def _averaged(average, params, include):
@@ -155,13 +163,21 @@ def _averaged(average, params, include):
     return mean, count
 
 
+#: The attributes of a DPSVI that its steps read while they are traced: a
+#: compiled program serves only the objects it was traced with (a run after
+#: ``svi.optim = ...`` compiles its steps again, never runs the old optimizer).
+_TRACED_SETTINGS = ("model", "guide", "loss", "optim", "static_kwargs", "clip_unscaled_observations",
+                    "gradient_strategy", "chunk_size", "memory_budget_bytes", "noise", "mesh", "batch_axis",
+                    "adaptive_clipping", "formulation")
+
+
 class _RunCache:
     """The compiled parts of :meth:`DPSVI.run` of one DPSVI, kept between runs
     with the same sampler, data structure and settings, so that a second run
     starts without compiling again."""
 
     def __init__(self):
-        self._chunks = {}
+        self._chunks, self._settings = {}, {}
 
     def steps(self, update, sampler, rng_suite, treedef, forward_mode, layout=None, steps_traced=False):
         """``(gather, run_chunk, compiled)`` of :func:`_batch_gatherer` and
@@ -169,15 +185,43 @@ class _RunCache:
         they were asked for before); ``layout``: anything else the steps
         depend on (the device mesh, σ where it is a constant);
         ``steps_traced``: whether the chunk takes its number of steps as an
-        argument (:func:`_steps_traced`)."""
-        key = (update.__name__, sampler, rng_suite, treedef, forward_mode, layout, steps_traced)
+        argument (:func:`_steps_traced`). The settings are those of
+        :data:`_TRACED_SETTINGS`, told apart by identity (the entry keeps
+        them alive, so no other object takes their ids), and the sampler's
+        shapes (:func:`_program_sampler`)."""
+        svi = update.__self__
+        settings = tuple(getattr(svi, name) for name in _TRACED_SETTINGS)
+        key = (update.__name__, tuple(map(id, settings)), _program_sampler(sampler), rng_suite, treedef,
+               forward_mode, layout, steps_traced)
         compiled = key in self._chunks
         if not compiled:
             gather = _batch_gatherer(sampler, rng_suite, treedef)
             self._chunks[key] = (
                 gather, _compiled_chunks(update, gather, sampler.expected_batch_size, forward_mode,
-                                         update.__self__.optim.get_params, rng_suite.fold_in, steps_traced))
+                                         svi.optim.get_params, rng_suite.fold_in, steps_traced))
+            self._settings[key] = settings
         return self._chunks[key] + (compiled,)
+
+
+def _program_sampler(sampler):
+    """What of ``sampler`` :func:`_compiled_chunks`' program depends on: a
+    Poisson sampler's N, padded size and overflow handling (its ``q`` is an
+    argument, :func:`batch_arguments`), else the sampler itself."""
+    if isinstance(sampler, minibatch.PoissonSampler):
+        return (type(sampler), sampler.num_records, sampler.max_batch_size, sampler.handle_oversized_batch)
+    return sampler
+
+
+def batch_arguments(sampler):
+    """The ``batch`` argument of :func:`_compiled_chunks`' program: for a
+    Poisson sampler its count table (``_count_table``, public: from N, q and the
+    padded size) and its expected batch size ``q N`` in JAX's default float
+    dtype, by which the step normalises the noisy sum (in float32 the
+    quotient is then within a unit in the last place of the one that a
+    program holding ``q N`` as a constant rounds once); else None."""
+    if not isinstance(sampler, minibatch.PoissonSampler):
+        return None
+    return sampler._count_table(), np.asarray(sampler.expected_batch_size, jnp.result_type(float))
 
 
 def _require_batches(ok, sampler, values):
@@ -334,7 +378,7 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
             init_params, init_data)
         svi_state = _checked_initial_state(svi, svi_state, treedef, records, N)
         if svi.optim_chosen:   # its step size from the parameters' number (public)
-            step_size = svi._chosen_step_size.fit(svi.optim.get_params(svi_state.optim_state))
+            step_size = _private_step.step_schedule_of(svi).fit(svi.optim.get_params(svi_state.optim_state))
             _say(_run_plan.describe_optimizer(step_size, average, init_state is None), progress_bar)
         if svi.clipping_chosen and svi.adaptive_clipping is not None:   # its quantile from the noise (public)
             _say(_describe_clipping(svi, svi_state, plan), progress_bar)
@@ -347,12 +391,16 @@ def run(svi, rng_key, num_steps, args, kwargs, *, batch_size, q, sampling, max_b
         if clip_traced:   # checked at every run: the steps, and the check within them, are traced once
             _private_step.check_threshold_fits(svi.clipping_threshold, clip.dtype, plan.sampler.max_batch_size)
 
-        # d3p's step size decays over this run's steps from a fresh state (an argument: any number of steps)
-        decay_over = np.float32(num_steps) if svi.optim_chosen and init_state is None else None
+        # d3p's own step sizes take their settings as arguments (the chosen one decays over this run's
+        # steps from a fresh state: any number of steps; a twin's its step size and steps)
+        schedule = _private_step.step_schedule_of(svi)
+        decay_over = None if schedule is None else schedule.arguments(num_steps, fresh=init_state is None)
+
+        batch = batch_arguments(plan.sampler)   # q an argument too
 
         def run_steps(svi_state, average, start, data, length):
             svi_state, average, losses, ok = run_chunk(svi_state, average, (batch_key, step_key), start,
-                                                       average_from, data, length, sigma, clip, decay_over)
+                                                       average_from, data, length, sigma, clip, decay_over, batch)
             return _require_batches(ok, plan.sampler, (svi_state, average, losses))
 
         mean = (params, jax.device_put(np.zeros((), np.int32)))

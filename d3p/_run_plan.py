@@ -15,6 +15,8 @@ facts only: σ, C, q, the number of steps and records, δ.
 import math
 from typing import Any, NamedTuple, Optional
 
+import numpy as np
+
 from d3p import _adaptive, _private_step, _sampling, _validate, accounting
 from d3p._state import DPSVIRunResult
 from d3p.ledger import GaussianSteps
@@ -90,18 +92,48 @@ def chosen_step_size(num_params: int) -> float:
     return min(CHOSEN_STEP_SIZE, CHOSEN_STEP_NORM / math.sqrt(max(num_params, 1)))
 
 
-class ChosenStepSize:
+class RunStepSize:
+    """A step-size schedule of d3p's own (an optimizer's ``step_size``) whose
+    settings are arguments of :meth:`DPSVI.run <d3p.svi.DPSVI.run>`'s
+    compiled steps: a run with other settings reuses the program. ``run``
+    asks for :meth:`arguments` and, while its steps are traced, sets
+    :attr:`run_steps` to them as traced values (None otherwise: the
+    schedule's constants); ``fit`` sees the parameters before an update is
+    traced. Registered with a DPSVI by :func:`use_schedule`."""
+
+    def __init__(self):
+        #: this schedule's arguments while a run's steps are traced, else None
+        self.run_steps = None
+
+    def arguments(self, num_steps: int, fresh: bool):
+        """The schedule's arguments for a run of ``num_steps`` steps
+        (``fresh``: from a fresh state), or None: constants of the program."""
+        return None
+
+    def fit(self, params):
+        """Called with the parameters (or gradients) before an update is traced."""
+
+
+def use_schedule(svi, optim, schedule: RunStepSize) -> None:
+    """Make ``schedule`` (the step size of ``optim``, ``svi``'s optimizer) take
+    its settings from ``svi``'s runs (:class:`RunStepSize`)."""
+    svi._step_schedule = (optim, schedule)
+
+
+class ChosenStepSize(RunStepSize):
     """The step size of the Adam that :class:`d3p.svi.DPSVI` chooses:
     ``min(CHOSEN_STEP_SIZE, CHOSEN_STEP_NORM / sqrt(P))`` for ``P``
     parameters (public: their shapes), known once :meth:`fit` has seen them
     (the step does so before each optimizer update is traced). Called with
-    the step's index, as an optimizer's schedule."""
+    the step's index, as an optimizer's schedule; its argument in a run
+    from a fresh state is the run's number of steps ``T`` (the decay's)."""
 
     def __init__(self):
+        super().__init__()
         self.value = None
-        #: the number of steps of the run being traced (an argument of its
-        #: compiled steps), or None: the step size is then constant
-        self.run_steps = None
+
+    def arguments(self, num_steps: int, fresh: bool):
+        return np.float32(num_steps) if fresh else None
 
     def fit(self, params) -> float:
         self.value = chosen_step_size(_private_step.count_parameters(params))
@@ -124,17 +156,45 @@ class ChosenStepSize:
         return self.value * (CHOSEN_FINAL + (1 - CHOSEN_FINAL) * 0.5 * (1 + jnp.cos(jnp.pi * t)))
 
 
+class CosineStepSize(RunStepSize):
+    """``i -> learning_rate * ((1 - f) * (1 + cos(pi * min(i, T) / T)) / 2 + f)``
+    (``f = final_fraction``), the arithmetic of optax's
+    ``cosine_decay_schedule(learning_rate, T, alpha=f)``, with
+    ``learning_rate`` and ``T = num_steps`` arguments of a run's compiled
+    steps (attributes: set them between runs). As arguments its values are
+    within a unit in the last place of optax's with the two as constants
+    (which XLA may divide by differently)."""
+
+    def __init__(self, learning_rate: float, num_steps: int, final_fraction: float):
+        super().__init__()
+        self.learning_rate, self.num_steps, self.final_fraction = learning_rate, num_steps, final_fraction
+
+    def arguments(self, num_steps: int, fresh: bool):
+        return np.float32(self.learning_rate), np.float32(self.num_steps)
+
+    def __call__(self, count):
+        import jax.numpy as jnp
+
+        learning_rate, decay_steps = (self.learning_rate, float(self.num_steps)) if self.run_steps is None \
+            else self.run_steps
+        count = jnp.minimum(count, decay_steps)
+        cosine_decay = 0.5 * (1 + jnp.cos(jnp.pi * count / decay_steps))
+        return learning_rate * ((1 - self.final_fraction) * cosine_decay + self.final_fraction)
+
+
 def optimizer(optim):
-    """``(optim, step_size)``: :class:`DPSVI`'s optimizer (a user's checked by
+    """``(optim, chosen)``: :class:`DPSVI`'s optimizer (a user's checked by
     :func:`d3p._private_step.check_optimizer`), and where d3p chose it
-    (``optim`` None: Adam at a :class:`ChosenStepSize`) that step size, else None."""
+    (``optim`` None: Adam at a :class:`ChosenStepSize`) the pair of that
+    optimizer and its step size, else None (:func:`use_schedule`)."""
     if optim is not None:
         _private_step.check_optimizer(optim)
         return optim, None
     import numpyro.optim
 
     step_size = ChosenStepSize()
-    return numpyro.optim.Adam(step_size), step_size
+    adam = numpyro.optim.Adam(step_size)
+    return adam, (adam, step_size)
 
 
 def chosen_run(svi, num_steps, average):

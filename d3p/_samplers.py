@@ -179,11 +179,14 @@ def _binomial_thresholds(num_records: int, q: float, max_batch_size: int):
 
 
 def _binomial_count(
-    words: jax.Array, num_records: int, q: float, max_batch_size: int, suppress: bool = False
+    words: jax.Array, num_records: int, q: float, max_batch_size: int, suppress: bool = False, table=None
 ) -> jax.Array:
     """``min(K, max_batch_size)`` for ``K ~ Binomial(N, q)`` by inverse CDF on 64 random bits
-    (two random ``words``); with ``suppress``, 0 instead where ``K > max_batch_size``."""
-    hi, lo, finite = _binomial_thresholds(num_records, q, max_batch_size)
+    (two random ``words``); with ``suppress``, 0 instead where ``K > max_batch_size``.
+    ``table``: :func:`_binomial_thresholds` of ``(N, q, max_batch_size)`` given
+    as arrays (arguments of a compiled program, which then serves every ``q``),
+    else computed here as constants."""
+    hi, lo, finite = _binomial_thresholds(num_records, q, max_batch_size) if table is None else table
     u_hi, u_lo = words[0].astype(jnp.uint32), words[1].astype(jnp.uint32)
     # K = number of k in 0..m with T_k <= u (T is non-decreasing), capped at m + 1:
     # the sum is m + 1 exactly when K > m (T_m is finite only if m < N)
@@ -239,7 +242,7 @@ class _FixedBatchSampler:
         """
         return _sample(self, rng_key, _validate.rng_suite("rng_suite", rng_suite))
 
-    def _draw(self, rng_key, rng_suite):
+    def _draw(self, rng_key, rng_suite, table=None):
         indices, ok = self._indices(rng_key, rng_suite)
         return indices, jnp.ones((self.batch_size,), bool), ok
 
@@ -442,7 +445,14 @@ class PoissonSampler:
         """
         return _sample(self, rng_key, _validate.rng_suite("rng_suite", rng_suite))
 
-    def _draw(self, rng_key, rng_suite):
+    def _count_table(self):
+        """The public table of the batch size's inverse CDF (:func:`_binomial_thresholds`
+        of N, q and ``max_batch_size``): what :meth:`DPSVI.run <d3p.svi.DPSVI.run>`'s
+        compiled steps take as an argument, so that one program serves every
+        ``q`` with the same N and ``max_batch_size``."""
+        return _binomial_thresholds(self.num_records, self.q, self.max_batch_size)
+
+    def _draw(self, rng_key, rng_suite, table=None):
         # the count's two words are stream 0 of rng_key (d3p.random.stream_words), the candidates'
         # blocks streams 1, 2, ...: in one call with the first block where one block is all it takes
         m, n = self.max_batch_size, self.num_records
@@ -451,7 +461,7 @@ class PoissonSampler:
             first = None
         else:
             words, first = stream_words(rng_suite, rng_key, 0, (2, _round_words(m, n)))
-        count = _binomial_count(words, n, self.q, m, self.handle_oversized_batch == "suppress")
+        count = _binomial_count(words, n, self.q, m, self.handle_oversized_batch == "suppress", table)
         indices, ok = _distinct_uniform(rng_key, m, n, rng_suite, stream=1, first_words=first)
         mask = jnp.arange(self.max_batch_size) < count
         return indices, mask, ok
@@ -538,10 +548,11 @@ def _require(ok, values, message: str):
     return values
 
 
-def _draw_checked(sampler, rng_key, rng_suite):
+def _draw_checked(sampler, rng_key, rng_suite, table=None):
     """``(indices, mask, ok)``; if not ok, the batch is emptied (mask all False,
-    indices out of range) so that no part of it can stand in for a real batch."""
-    indices, mask, ok = sampler._draw(rng_key, rng_suite)
+    indices out of range) so that no part of it can stand in for a real batch.
+    ``table``: a Poisson sampler's ``PoissonSampler._count_table()`` as arrays (None: its constants)."""
+    indices, mask, ok = sampler._draw(rng_key, rng_suite, table)
     indices = jnp.where(ok, indices, _SENTINEL)
     mask = mask & ok
     return indices, mask, ok
@@ -554,8 +565,8 @@ def _sample_jit(sampler, rng_key, rng_suite):
 
 
 @partial(jax.jit, static_argnums=(0, 3))
-def _sample_batch_jit(sampler, rng_key, i, rng_suite):
-    return _draw_checked(sampler, rng_suite.fold_in(rng_key, i), rng_suite)
+def _sample_batch_jit(sampler, rng_key, i, rng_suite, table=None):
+    return _draw_checked(sampler, rng_suite.fold_in(rng_key, i), rng_suite, table)
 
 
 def _sample(sampler, rng_key, rng_suite, i=None):

@@ -16,7 +16,6 @@ The module also keeps d3p 0.2's helpers on lists of gradient parts
 from typing import Callable, Optional
 
 import jax
-import jax.numpy as jnp
 from numpyro.infer.svi import SVI
 
 import d3p.random
@@ -260,7 +259,7 @@ class DPSVI(SVI):
         per_example_loss=None,
         **static_kwargs,
     ):
-        optim, self._chosen_step_size = _run_plan.optimizer(optim)   # checked; None: Adam at a chosen step size
+        optim, self._step_schedule = _run_plan.optimizer(optim)   # checked; None: Adam at a chosen step size
         per_example_loss, static_kwargs, declared_N = _numpyro_compat.arguments(model, guide, loss,
                                                                                  per_example_loss, static_kwargs)
         super().__init__(model, guide, optim, per_example_loss, **static_kwargs)
@@ -282,9 +281,6 @@ class DPSVI(SVI):
                                                    self.clipping_threshold, noise=self.noise, mesh=self.mesh)
         # per_example_loss is also available as self.loss (numpyro's name)
         self.per_example_loss = per_example_loss
-        # numpyro hands optax transformations the loss value, which is not private: they get a public
-        # constant instead (loss-reading transformations such as reduce_on_plateau then never adapt)
-        self._optim_value = jnp.zeros(()) if getattr(self.optim, "update_with_value", False) else None
         # found once: the model's public facts, its ELBO's split per record structure (d3p._model_facts),
         # the discrete mechanism's constants per parameter count, the (σ, batch size) pairs warned about
         # (d3p._private_step), run's compiled steps (d3p._run._RunCache) and the σ they trace (while traced)
@@ -302,7 +298,7 @@ class DPSVI(SVI):
     @property
     def optim_chosen(self) -> bool:
         """Whether d3p chose the optimizer (``optim=None``: Adam, its step size from the parameters' number)."""
-        return self._chosen_step_size is not None
+        return isinstance(_private_step.step_schedule_of(self), _run_plan.ChosenStepSize)
 
     def _record_choice(self, choice) -> None:
         self.strategy_choice = choice

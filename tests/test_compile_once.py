@@ -1,5 +1,7 @@
 """``run``'s compiled steps serve every ε: the noise's σ C is an argument of
-the compiled program, not a constant (issue "Compile once").
+the compiled program, not a constant (issue "Compile once"); so are C, a
+Poisson sampler's q (with the same padded batch) and, on CPU, the number of
+steps.
 
 - A second run at another ε (or with another noise multiplier) compiles
   nothing: the jitted chunk's cache holds one program.
@@ -11,19 +13,25 @@ the compiled program, not a constant (issue "Compile once").
 - On CPU the number of steps is an argument too: runs of any length, with or
   without the progress bar, share one program and release what the programs
   with the length a constant (the path of accelerators) release.
+- A program serves only the optimizer (and model, guide, loss, settings) it
+  was traced with: ``svi.optim = ...`` between runs compiles anew.
 """
 
 import logging
 
 import jax
 import numpy as np
+import numpyro.optim
 import pytest
+from numpyro.infer import Trace_ELBO
+from numpyro.infer.autoguide import AutoDiagonalNormal
 
 import d3p.random
 from d3p import _private_step, _run as run_module
+from d3p.svi import DPSVI
 
 from _backend import cpu_default, traced_programs
-from _normal_mean import normal_mean_svi
+from _normal_mean import model as normal_mean_model, normal_mean_svi
 
 N, T, B = 40, 6, 10
 XS = np.linspace(0.0, 1.0, N).astype(np.float32)
@@ -109,9 +117,10 @@ def test_sigma_stays_a_constant_where_the_program_depends_on_it(settings):
     assert clipping_threshold == (1.0 if settings.get("noise") == "discrete" else None)
 
 
-def test_a_twin_fit_at_another_epsilon_or_clipping_threshold_compiles_nothing():
+def test_a_twin_fit_at_another_epsilon_clipping_threshold_or_step_size_compiles_nothing():
     pd = pytest.importorskip("pandas")
     import d3p.twin as twin
+    on_cpu = jax.default_backend() == "cpu"
     from d3p.twin import ColumnSpec, Schema, _mixture_setups
 
     rng = np.random.default_rng(0)
@@ -119,10 +128,10 @@ def test_a_twin_fit_at_another_epsilon_or_clipping_threshold_compiles_nothing():
     schema = Schema((ColumnSpec("x", "real", "float64", False, lower=-4.0, upper=4.0, distribution="normal"),
                      ColumnSpec("c", "categorical", "str", False, levels=("a", "b"), distribution="categorical")))
 
-    def fit(epsilon, seed, clipping_threshold=1.0):
+    def fit(epsilon, seed, clipping_threshold=1.0, learning_rate=0.05, num_steps=4):
         return twin.fit(df, epsilon, rng_key=d3p.random.PRNGKey(seed), schema=schema, family="mixture",
-                        num_components=2, num_steps=4, q=0.3, progress_bar=False,
-                        clipping_threshold=clipping_threshold)
+                        num_components=2, num_steps=num_steps, q=0.3, progress_bar=False,
+                        clipping_threshold=clipping_threshold, learning_rate=learning_rate)
 
     _mixture_setups.SETUPS.clear()
     first, traced_first = traced_programs(lambda: fit(1.0, 0))
@@ -131,6 +140,16 @@ def test_a_twin_fit_at_another_epsilon_or_clipping_threshold_compiles_nothing():
     _, traced_third = traced_programs(lambda: fit(4.0, 2, clipping_threshold=0.5))
     assert traced_first > 0 and traced_second == 0 and traced_third == 0
     assert len(_mixture_setups.SETUPS) == 1
+    # another step size and, on CPU, number of steps: arguments of the steps too
+    other, traced_other = traced_programs(lambda: fit(4.0, 1, learning_rate=0.2, num_steps=6 if on_cpu else 4))
+    assert traced_other == 0 and len(_mixture_setups.SETUPS) == 1
+    _mixture_setups.SETUPS.clear()   # the reference: a set-up built for that step size
+    reference = fit(4.0, 1, learning_rate=0.2, num_steps=6 if on_cpu else 4)
+    for a, b in zip(jax.tree.leaves(other.params), jax.tree.leaves(reference.params)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    # and not the first step size's (nor its number of steps)
+    assert all(not np.allclose(a, b, rtol=1e-3)
+               for a, b in zip(jax.tree.leaves(other.params), jax.tree.leaves(second.params)))
     assert second.privacy["sigma"] < first.privacy["sigma"] / 2
     # the σ applied is the one reported: run sets the program's σ argument
     # from the DPSVI's (test above); a σ left at the first fit's is refused
@@ -219,3 +238,84 @@ def test_the_number_of_steps_is_an_argument_on_cpu_only(monkeypatch):
     assert run_module._steps_traced(svi)   # JAX's default device here: a CPU
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert not run_module._steps_traced(svi)
+
+
+def _q_run(svi, q, seed=7):
+    return svi.run(d3p.random.PRNGKey(seed), T, XS, q=q, progress_bar=False)
+
+
+def test_a_run_at_another_q_with_the_same_padded_batch_reuses_the_compiled_steps(monkeypatch):
+    # Poisson batches: the count's table and q N are arguments of the
+    # program, which depends only on N and the padded size
+    svi = normal_mean_svi(clipping_threshold=1.0, dp_scale=1.0, N=N)
+    first = _q_run(svi, 0.6)
+    second = _q_run(svi, 0.45)
+    (run_chunk,) = _chunks(svi)
+    assert run_chunk._cache_size() == 1
+    assert (first.q, second.q) == (0.6, 0.45)
+    # the reference: fresh DPSVIs whose programs hold the count's table and
+    # q N as constants (d3p's path before); the batches are drawn from the
+    # same bits, the normalisation may round differently (one unit in the
+    # last place of N / (q N) in float32)
+    monkeypatch.setattr(run_module, "batch_arguments", lambda sampler: None)
+    reference = _q_run(normal_mean_svi(clipping_threshold=1.0, dp_scale=1.0, N=N), 0.45)
+    stuck = _q_run(normal_mean_svi(clipping_threshold=1.0, dp_scale=1.0, N=N), 0.6)
+    for a, b in zip(_leaves(second), _leaves(reference)):
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
+    # a q stuck at the first run's (its table or its q N) would release the first q's values
+    assert all(not np.allclose(a, b, rtol=1e-3) for a, b in zip(_leaves(stuck), _leaves(reference)))
+
+
+def test_asking_for_another_epsilon_with_the_automatic_q_compiles_nothing(caplog):
+    # without batch_size or q the automatic q of a small data set depends on
+    # ε (its padded batch is the whole data set): the program serves both
+    svi = normal_mean_svi(clipping_threshold=1.0, N=N)
+
+    def traced_jits(epsilon):
+        caplog.clear()
+        with jax.log_compiles(), caplog.at_level(logging.WARNING, logger="jax"):
+            result = svi.run(d3p.random.PRNGKey(1), T, XS, epsilon=epsilon, delta=1e-4, progress_bar=False)
+        # the first batch's shapes (jax.eval_shape: traced, never compiled) are looked up at every run
+        return result, [r.getMessage() for r in caplog.records
+                        if r.getMessage().startswith("Finished tracing") and " gather " not in r.getMessage()]
+
+    first, traced_first = traced_jits(1.0)
+    second, traced_second = traced_jits(4.0)
+    assert first.q != second.q
+    assert any("run_chunk" in m or "_traced_length_chunk" in m for m in traced_first)
+    assert traced_second == []
+    (run_chunk,) = _chunks(svi)
+    assert run_chunk._cache_size() == 1
+
+
+def test_a_run_after_the_optimizer_is_replaced_uses_the_new_optimizer():
+    # the compiled steps hold the optimizer they were traced with: a run
+    # after svi.optim = ... compiles its own (before, it silently reused the
+    # first optimizer's program)
+    svi = normal_mean_svi(clipping_threshold=1.0, dp_scale=1.0, N=N)
+    first = _run_steps(svi)
+    svi.optim = numpyro.optim.SGD(0.5)
+    second = _run_steps(svi)
+    reference = _run_steps(DPSVI(normal_mean_model, AutoDiagonalNormal(normal_mean_model), numpyro.optim.SGD(0.5),
+                                 Trace_ELBO(), clipping_threshold=1.0, dp_scale=1.0, N=N))
+    for a, b in zip(_leaves(second), _leaves(reference)):
+        assert a.tobytes() == b.tobytes()
+    assert any(a.tobytes() != b.tobytes() for a, b in zip(_leaves(first), _leaves(second)))
+    assert len(_chunks(svi)) == 2
+    # checked as the constructor checks it
+    svi.optim = numpyro.optim.Minimize()
+    with pytest.raises(ValueError, match="optim=Minimize"):
+        _run_steps(svi)
+
+
+def test_replacing_the_optimizer_d3p_chose_makes_it_the_users():
+    svi = DPSVI(normal_mean_model, AutoDiagonalNormal(normal_mean_model), loss=Trace_ELBO(),
+                clipping_threshold=1.0, dp_scale=1.0, N=N)
+    assert svi.optim_chosen
+    svi.optim = numpyro.optim.Adam(0.01)
+    assert not svi.optim_chosen
+    assert _run_steps(svi).averaged_steps == 0   # no averaging: the user's optimizer's default
+
+
+def _run_steps(svi):
+    return svi.run(d3p.random.PRNGKey(2), T, XS, batch_size=B, progress_bar=False)

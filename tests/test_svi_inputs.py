@@ -27,6 +27,7 @@ from numpyro.infer.autoguide import AutoDelta, AutoNormal
 from numpyro.primitives import mutable
 
 import d3p.random
+from d3p import _private_step
 from d3p.svi import DPSVI
 
 N = 50
@@ -152,7 +153,7 @@ def test_optax_is_given_a_constant_for_the_loss_value(wrap):
     # and given the public constant 0 as the loss value: one that reads it (reduce_on_plateau) never adapts
     svi = _svi(optim=wrap(optax.contrib.reduce_on_plateau()))
     svi.init(d3p.random.PRNGKey(0), _xs()[:5])
-    assert svi._optim_value is not None and float(svi._optim_value) == 0.0
+    assert _private_step.optim_value(svi.optim) is not None and float(_private_step.optim_value(svi.optim)) == 0.0
 
 
 # ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from numpyro.infer import Predictive, Trace_ELBO
 from numpyro.infer.autoguide import AutoDiagonalNormal, AutoGuide
 
 import d3p.random
-from d3p import _adaptive, _validate, accounting
+from d3p import _adaptive, _run_plan, _validate, accounting
 from d3p.ledger import PrivacyLedger, ZCDPRelease
 from d3p.svi import DPSVI
 from d3p.twin import _fit_plan, _mixture_setups
@@ -668,20 +668,24 @@ def _mixture_setup(schema: Schema, plan: _Plan, model, guide, num_components, cl
                    learning_rate: float, optimizer, adaptive, dp_scale: float) -> _mixture_setups.MixtureSetup:
     """The DP-VI set-up of a mixture fit; that of the default model, guide
     and optimizer with a fixed C and σ > 0 is kept between fits under its
-    public settings (the schema, N, K, T, the step size), so that a fit at
-    another ε or C reuses its compiled steps (:mod:`d3p.twin._mixture_setups`)."""
+    public settings (the schema, N, K), so that a fit at another ε, C, step
+    size or number of steps reuses its compiled steps (:mod:`d3p.twin._mixture_setups`)."""
     key = None
     if model is None and guide is None and optimizer is None and adaptive is None and dp_scale > 0:
-        key = (schema.to_json(sort_keys=True), num_components, plan.num_records, plan.num_steps,
-               float(learning_rate))
+        key = (schema.to_json(sort_keys=True), num_components, plan.num_records)
 
     def build():
         the_model, model_spec = _model(schema, model, num_components, plan.num_records)
         the_guide, guide_spec = _guide(the_model, guide)
-        optim = numpyro.optim.Adam(cosine_decay(learning_rate, plan.num_steps)) if optimizer is None else optimizer
+        schedule = None
+        if optimizer is None:   # cosine_decay's arithmetic, its step size and steps arguments of the steps
+            schedule = _run_plan.CosineStepSize(learning_rate, plan.num_steps, DEFAULT_FINAL_LEARNING_RATE_FRACTION)
+        optim = numpyro.optim.Adam(schedule) if optimizer is None else optimizer
         # own_sample: the formulation the twin's figures were measured with (benchmarks/README.md)
         svi = DPSVI(the_model, the_guide, optim, Trace_ELBO(), clipping_threshold=clipping_threshold,
                     dp_scale=dp_scale, adaptive_clipping=adaptive, N=plan.num_records, formulation="own_sample")
+        if schedule is not None:
+            _run_plan.use_schedule(svi, optim, schedule)
 
         def init(k, x):
             return svi.init(k, x, init_data=(x,))
@@ -689,7 +693,7 @@ def _mixture_setup(schema: Schema, plan: _Plan, model, guide, num_components, cl
         return _mixture_setups.MixtureSetup(svi, jax.jit(init) if isinstance(the_guide, MixtureGuide) else init,
                                             the_model, model_spec, the_guide, guide_spec)
 
-    return _mixture_setups.kept(key, build, dp_scale, clipping_threshold)
+    return _mixture_setups.kept(key, build, dp_scale, clipping_threshold, learning_rate, plan.num_steps)
 
 
 def _run(svi: DPSVI, init: Callable, schema: Schema, x: np.ndarray, plan: _Plan, key, progress_bar: bool,
