@@ -18,7 +18,10 @@ sum; everything after it is post-processing of it and of public constants
 (see :class:`d3p.svi.DPSVI` and docs/privacy.md).
 """
 
+import functools
 import math
+import types
+import warnings
 from typing import NamedTuple, Optional
 
 import jax
@@ -37,6 +40,44 @@ from d3p.random import _threefry
 from d3p.random._common import suite_key
 
 # ---------------------------------------------------------------- settings
+
+#: The attributes of a DPSVI that its steps read while they are traced,
+#: besides σ and C: a compiled program serves only the objects it was traced
+#: with (a run after ``svi.optim = ...`` compiles its steps again, never runs
+#: the old optimizer; :class:`SettingsMethod`).
+TRACED_SETTINGS = ("model", "guide", "loss", "optim", "static_kwargs", "clip_unscaled_observations",
+                   "gradient_strategy", "chunk_size", "memory_budget_bytes", "noise", "mesh", "batch_axis",
+                   "adaptive_clipping", "formulation", "rng_suite")
+
+
+class SettingsMethod:
+    """A method of :class:`DPSVI` (``update``, ``stable_update``) whose bound
+    method is a function of its own for every version of the settings a
+    step reads while traced (``dp_scale`` and ``clipping_threshold`` by
+    value, :data:`TRACED_SETTINGS` by identity; the entry keeps them alive,
+    so no other object takes their ids). ``jax.jit`` keeps one traced
+    program per function it is given, and a method bound to the same
+    instance is the same function to it: a ``jax.jit(svi.update)`` made
+    after ``svi.dp_scale = ...`` would otherwise reuse the program of a
+    jitted ``svi.update`` traced before, with the old σ, as long as that one
+    lives. On the class, the plain function (its documentation)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __get__(self, svi, owner=None):
+        if svi is None:
+            return self.fn
+        settings = tuple(getattr(svi, name) for name in TRACED_SETTINGS)
+        key = (self.fn.__name__, svi.dp_scale, svi.clipping_threshold, tuple(map(id, settings)))
+        kept = svi.__dict__.setdefault("_settings_methods", {})
+        if key not in kept:
+            fn = self.fn
+            copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+            copy.__kwdefaults__ = fn.__kwdefaults__
+            kept[key] = (functools.update_wrapper(copy, fn), settings)
+        return types.MethodType(kept[key][0], svi)
 
 
 def privacy_settings(clipping_threshold, dp_scale):
@@ -145,6 +186,33 @@ def noise_multiplier(svi) -> float:
     return svi.dp_scale
 
 
+def step_sigma(svi):
+    """σ of a step being traced: ``run``'s argument (:func:`traced_sigma`),
+    else the DPSVI's ``dp_scale``, a constant of the program, which is
+    remembered for :func:`warn_if_sigma_changed`."""
+    if svi._run_sigma is not None:
+        return svi._run_sigma
+    sigma = noise_multiplier(svi)
+    svi._traced_sigmas.add(sigma)
+    return sigma
+
+
+def warn_if_sigma_changed(svi, stacklevel: int) -> None:
+    """Warn where ``dp_scale``, which :meth:`DPSVI.get_epsilon` accounts for, is
+    none of the σ that steps of this DPSVI were traced with as a constant:
+    a ``jax.jit(svi.update)`` made before ``dp_scale`` was set keeps adding
+    the noise of the σ it was traced with. ``stacklevel`` counts from this
+    function's caller (1)."""
+    sigma = noise_multiplier(svi)
+    if svi._traced_sigmas and sigma not in svi._traced_sigmas:
+        warnings.warn(
+            f"Accounting for dp_scale={sigma!r}, but the steps of this DPSVI were traced with "
+            f"dp_scale={', '.join(map(repr, sorted(svi._traced_sigmas)))}: a jax.jit(svi.update) made before "
+            "dp_scale was set keeps the noise of the sigma it was traced with. Jit svi.update again after "
+            "setting dp_scale (DPSVI.run takes sigma as an argument), or account for the sigma the steps used.",
+            UserWarning, stacklevel=stacklevel + 1)
+
+
 def warn_if_all_noise(svi, batch_size, stacklevel: int, sigma: Optional[float] = None) -> None:
     """:func:`d3p._validate.warn_if_all_noise` for the DPSVI's σ and C and a
     public (expected) batch size, once per batch size; nothing for a traced
@@ -209,7 +277,7 @@ def next_threshold(svi, svi_state, result, mask, C, expected_batch_size, count_k
     settings = svi.adaptive_clipping
     if settings is None:
         return svi_state.clipping_threshold
-    sigma = noise_multiplier(svi) if svi._run_sigma is None else svi._run_sigma   # traced in run's steps
+    sigma = step_sigma(svi)   # traced in run's steps
     count_noise = settings.count_std(sigma)
     fraction = _adaptive.noisy_fraction(result.norms, mask, C, count_noise, expected_batch_size, count_key,
                                         svi.rng_suite)
@@ -404,6 +472,7 @@ def private_sum(svi, loss_fn, params, records, mask, forward_mode, noise_key, C,
         raise ValueError("Expected no mesh in context (jax.set_mesh) with adaptive_clipping: adaptive "
                          "clipping runs on one device.")
     if svi.noise == "discrete":
+        step_sigma(svi)   # a constant of the program: remembered
         plan = discrete_plan(svi, params)
         discrete._check_slots(plan, gradients._batch_size(records))   # the whole batch's slots
 
@@ -425,7 +494,7 @@ def private_sum(svi, loss_fn, params, records, mask, forward_mode, noise_key, C,
         )
 
     result = _sharding.sharded_sum(layout, float_sum, params, records, mask, shared)
-    sigma = noise_multiplier(svi) if svi._run_sigma is None else svi._run_sigma
+    sigma = step_sigma(svi)
     noisy = add_gaussian_noise(result.grad_sum, noise_key, sigma, C, svi.rng_suite)
     return result, noisy
 

@@ -163,14 +163,6 @@ def _averaged(average, params, include):
     return mean, count
 
 
-#: The attributes of a DPSVI that its steps read while they are traced: a
-#: compiled program serves only the objects it was traced with (a run after
-#: ``svi.optim = ...`` compiles its steps again, never runs the old optimizer).
-_TRACED_SETTINGS = ("model", "guide", "loss", "optim", "static_kwargs", "clip_unscaled_observations",
-                    "gradient_strategy", "chunk_size", "memory_budget_bytes", "noise", "mesh", "batch_axis",
-                    "adaptive_clipping", "formulation")
-
-
 class _RunCache:
     """The compiled parts of :meth:`DPSVI.run` of one DPSVI, kept between runs
     with the same sampler, data structure and settings, so that a second run
@@ -186,11 +178,11 @@ class _RunCache:
         depend on (the device mesh, σ where it is a constant);
         ``steps_traced``: whether the chunk takes its number of steps as an
         argument (:func:`_steps_traced`). The settings are those of
-        :data:`_TRACED_SETTINGS`, told apart by identity (the entry keeps
+        :data:`d3p._private_step.TRACED_SETTINGS`, told apart by identity (the entry keeps
         them alive, so no other object takes their ids), and the sampler's
         shapes (:func:`_program_sampler`)."""
         svi = update.__self__
-        settings = tuple(getattr(svi, name) for name in _TRACED_SETTINGS)
+        settings = tuple(getattr(svi, name) for name in _private_step.TRACED_SETTINGS)
         key = (update.__name__, tuple(map(id, settings)), _program_sampler(sampler), rng_suite, treedef,
                forward_mode, layout, steps_traced)
         compiled = key in self._chunks

@@ -433,6 +433,7 @@ def account(svi, figure, target, q, num_epochs, num_iter, relation, accountant, 
     ``"delta"``) is returned for ``target`` (δ or ε)."""
     steps = _num_steps(q, num_epochs, num_iter)
     compute = getattr(_method_accounting(sampler, relation, svi.noise), figure)
+    _private_step.warn_if_sigma_changed(svi, stacklevel=3)   # the caller of get_epsilon / get_delta
     return compute(accounted_sigma(svi, _private_step.noise_multiplier(svi)), q, steps, target, accountant=accountant)
 
 

@@ -283,8 +283,9 @@ class DPSVI(SVI):
         self.per_example_loss = per_example_loss
         # found once: the model's public facts, its ELBO's split per record structure (d3p._model_facts),
         # the discrete mechanism's constants per parameter count, the (σ, batch size) pairs warned about
-        # (d3p._private_step), run's compiled steps (d3p._run._RunCache) and the σ they trace (while traced)
-        self._public_scales, self._split_facts_cache, self._discrete_plans = {}, {}, {}
+        # and the σ steps were traced with as a constant (d3p._private_step), run's compiled steps
+        # (d3p._run._RunCache) and the σ and C they trace (while traced)
+        self._public_scales, self._split_facts_cache, self._discrete_plans, self._traced_sigmas = {}, {}, {}, set()
         self._noise_warnings, self._run_cache, self._run_sigma, self._run_clip = set(), _RunCache(), None, None
         #: The :class:`d3p.gradients.StrategyChoice` of the most recent trace of
         #: this DPSVI's step (None before the first): which gradient strategy runs.
@@ -344,6 +345,7 @@ class DPSVI(SVI):
         ``params``: grid, norm bound and noise (see :func:`d3p.discrete.discrete_plan`)."""
         return _private_step.discrete_plan(self, params)
 
+    @_private_step.SettingsMethod   # jit(svi.update) after a setting changed: traced anew
     def update(self, svi_state: DPSVIState, *args, mask: Optional[jax.Array] = None,
                expected_batch_size: Optional[float] = None, forward_mode_differentiation: bool = False,
                **kwargs):
@@ -387,6 +389,7 @@ class DPSVI(SVI):
         )
         return state, loss
 
+    @_private_step.SettingsMethod
     def stable_update(self, svi_state: DPSVIState, *args, mask: Optional[jax.Array] = None,
                       expected_batch_size: Optional[float] = None, forward_mode_differentiation: bool = False,
                       **kwargs):
