@@ -50,6 +50,11 @@ TRACED_SETTINGS = ("model", "guide", "loss", "optim", "static_kwargs", "clip_uns
                    "adaptive_clipping", "formulation", "rng_suite")
 
 
+def traced_settings(svi) -> tuple:
+    """The values of ``svi``'s :data:`TRACED_SETTINGS`, in order."""
+    return tuple(getattr(svi, name) for name in TRACED_SETTINGS)
+
+
 class SettingsMethod:
     """A method of :class:`DPSVI` (``update``, ``stable_update``) whose bound
     method is a function of its own for every version of the settings a
@@ -69,7 +74,7 @@ class SettingsMethod:
     def __get__(self, svi, owner=None):
         if svi is None:
             return self.fn
-        settings = tuple(getattr(svi, name) for name in TRACED_SETTINGS)
+        settings = traced_settings(svi)
         key = (self.fn.__name__, svi.dp_scale, svi.clipping_threshold, tuple(map(id, settings)))
         kept = svi.__dict__.setdefault("_settings_methods", {})
         if key not in kept:

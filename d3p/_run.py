@@ -182,7 +182,7 @@ class _RunCache:
         them alive, so no other object takes their ids), and the sampler's
         shapes (:func:`_program_sampler`)."""
         svi = update.__self__
-        settings = tuple(getattr(svi, name) for name in _private_step.TRACED_SETTINGS)
+        settings = _private_step.traced_settings(svi)
         key = (update.__name__, tuple(map(id, settings)), _program_sampler(sampler), rng_suite, treedef,
                forward_mode, layout, steps_traced)
         compiled = key in self._chunks
