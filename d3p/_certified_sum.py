@@ -2,7 +2,8 @@
 
 Pairs ``(hi, lo)`` added error-free by Fast2Sum (``_fast_two_sum``,
 ``_df_add``), in pairwise trees over records (``_df_tree``,
-``_df_tree_pytree``), sequentially over chunks and in a tree over devices;
+``_df_tree_pytree``) or over products of records (``_df_weighted_sums``),
+sequentially over chunks and in a tree over devices;
 the margin ``η`` reserved in the clipping threshold (``_sum_margin``), the
 public bound of the sum's error and the threshold every record is clipped to
 (``_SumBudget``, ``_sum_budget``), and the rows per ghost product that fit it
@@ -80,12 +81,11 @@ def _unzip(treedef, pairs) -> Tuple[PyTree, PyTree]:
 _DF_JOIN_MAX = 1 << 12
 
 
-def _df_tree_pytree(clipped: PyTree) -> Tuple[PyTree, PyTree]:
-    """``(hi, lo)``: two pytrees like ``clipped`` with the double-float sum
-    (:func:`_df_tree`) over the leading (record) axis of every leaf, in the
-    accumulation dtype of the leaf (at least float32). Small leaves of one
-    dtype are concatenated into one tree: the same additions, entry by entry."""
-    leaves, treedef = jax.tree.flatten(clipped)
+def _by_groups(leaves, fn) -> Tuple[list, list]:
+    """``(hi, lo)`` lists over ``leaves`` (leading axis: records): ``fn`` of each
+    leaf's rows ``(B, entries)`` in its accumulation dtype (at least float32),
+    the small leaves of one dtype joined into one matrix (fewer, larger
+    operations; the same arithmetic entry by entry) and split again."""
     out = [None] * len(leaves)
     groups = {}
     for i, x in enumerate(leaves):
@@ -93,18 +93,60 @@ def _df_tree_pytree(clipped: PyTree) -> Tuple[PyTree, PyTree]:
         if _rows(x).shape[1] <= _DF_JOIN_MAX:
             groups.setdefault(x.dtype, []).append(i)
         else:
-            out[i] = _df_tree(x)
+            hi, lo = fn(_rows(x))
+            out[i] = (hi.reshape(x.shape[1:]), lo.reshape(x.shape[1:]))
     for dtype, idx in groups.items():
         rows = [_rows(leaves[i].astype(dtype)) for i in idx]
-        # computed once (in_two_halves over the entries), not fused into each leaf's slice of the sum
-        hi, lo = in_two_halves(_df_tree, [jnp.concatenate(rows, axis=1) if len(rows) > 1 else rows[0]], axis=1)
+        hi, lo = fn(jnp.concatenate(rows, axis=1) if len(rows) > 1 else rows[0])
         start = 0
         for i, r in zip(idx, rows):
             shape = leaves[i].shape[1:]
             stop = start + r.shape[1]
             out[i] = (hi[start:stop].reshape(shape), lo[start:stop].reshape(shape))
             start = stop
-    return treedef.unflatten([o[0] for o in out]), treedef.unflatten([o[1] for o in out])
+    return [o[0] for o in out], [o[1] for o in out]
+
+
+def _df_tree_pytree(clipped: PyTree) -> Tuple[PyTree, PyTree]:
+    """``(hi, lo)``: two pytrees like ``clipped`` with the double-float sum
+    (:func:`_df_tree`) over the leading (record) axis of every leaf, in the
+    accumulation dtype of the leaf (at least float32). Small leaves of one
+    dtype are concatenated into one tree: the same additions, entry by entry."""
+    leaves, treedef = jax.tree.flatten(clipped)
+    # computed once (in_two_halves over the entries), not fused into each leaf's slice of the sum
+    hi, lo = _by_groups(leaves, lambda rows: in_two_halves(_df_tree, [rows], axis=1))
+    return treedef.unflatten(hi), treedef.unflatten(lo)
+
+
+def _df_weighted_sums(leaves, weights: jax.Array, k: int) -> Tuple[list, list]:
+    """``(hi, lo)`` lists over ``leaves``: the double-float sum over records
+    (leading axis) of ``weights[i] * leaves[..][i]``, as products of ``k``
+    records each (``Precision.HIGHEST``) added up by :func:`_df_tree`. Each
+    product is off by at most ``γ(k)`` times the sum of the magnitudes of its
+    terms ``|w_i x_i|`` (any order of summation; converting a weight to the
+    leaf's dtype is a rounding the clip factor allows for), as a ghost
+    product of ``k`` rows is (:class:`_SumBudget`, (5)). The ghost strategy
+    sums the exact gradients of its other leaves so, weighted by the clip
+    factors: one product where ``k`` covers the batch, where a tree over the
+    records compiled into kernels of its own at every level. Small leaves of
+    one dtype are joined."""
+    B = weights.shape[0]
+    k = max(1, min(int(k), B))
+    nb = -(-B // k)
+
+    def weighted(rows):
+        w = weights.astype(rows.dtype)
+        if nb * k > B:
+            w = jnp.concatenate([w, jnp.zeros((nb * k - B,), w.dtype)])
+            rows = jnp.concatenate([rows, jnp.zeros((nb * k - B, rows.shape[1]), rows.dtype)])
+        products = jnp.einsum("nk,nke->ne", w.reshape(nb, k), rows.reshape(nb, k, rows.shape[1]),
+                              precision=jax.lax.Precision.HIGHEST)
+        if nb == 1:
+            return products[0], jnp.zeros_like(products[0])
+        # computed once, not fused into each leaf's slice (see _df_tree_pytree)
+        return in_two_halves(_df_tree, [products], axis=1)
+
+    return _by_groups(leaves, weighted)
 
 
 def _df_add_pytrees(x: Tuple[PyTree, PyTree], y: Tuple[PyTree, PyTree]) -> Tuple[PyTree, PyTree]:
@@ -166,7 +208,12 @@ class _SumBudget(NamedTuple):
     several devices each device's partial sum is so rounded once more. (5)
     Under ``"ghost"``, every product of ``k`` rows is off by at most
     ``γ(k)`` times ``Σ_r |f a_r| |δ_r|ᵀ`` (plus ``2 tiny`` per row), whose
-    norm is at most ``f (1 + u) M_i`` per record (``d3p._ghost.gram_bound``).
+    norm is at most ``f (1 + u) M_i`` per record (``d3p._ghost.gram_bound``);
+    the exact per-record gradients ``g_i`` of its other leaves are summed as
+    products of ``k`` records with the clip factors as (exact) weights
+    (:func:`_df_weighted_sums`), each off by at most ``γ(k)`` times
+    ``Σ_i |f_i g_i|``, of norm ``f_i ‖g_i‖`` per record, which is within the
+    record's bound ``M_i`` (one row per record, at most the ghost leaves' rows).
     The L2 norm of the per-entry bounds ``u |S| + 4 u² d M`` is at most
     ``(u + 4 u² d) Σ_i ‖c_i‖`` (``‖S‖`` and ``‖M‖`` are at most
     ``Σ_i ‖c_i‖``), and that of the ``tiny`` terms at most

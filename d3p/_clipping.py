@@ -181,7 +181,13 @@ def _unit_scaled(x: jax.Array, naxes: int) -> Tuple[jax.Array, jax.Array, jax.Ar
     axes = tuple(range(x.ndim - naxes, x.ndim))
     peak = jnp.max(jnp.abs(x), axis=axes) if x.size else jnp.zeros(x.shape[: x.ndim - naxes], acc)
     s = _scale_exponent(peak)
-    return x * _pow2(s, acc).reshape(s.shape + (1,) * naxes), s, peak
+    # slices of zeros are left as they are (scaled, they are the same zeros):
+    # where they were constants of the program, XLA's constant folding turned
+    # the squares of zeros scaled by 2^126 into nan, so that a ghost leaf whose
+    # output gradient was a constant zero had every record's bound inf and
+    # every record dropped (tests/test_clipping_bound.py)
+    unit = jnp.where(peak == 0, np.asarray(1, acc), _pow2(s, acc))
+    return x * unit.reshape(s.shape + (1,) * naxes), s, peak
 
 
 def _flush_slack(size: int, dtypes) -> float:

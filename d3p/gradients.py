@@ -118,6 +118,9 @@ removed, whatever the order of the records and whatever the others are:
   ``1e-4``);
 - otherwise (ghost products, and the partial sums of several devices) the
   clipped contributions ``c_i`` are summed in double-float arithmetic
+  (the ghost strategy forms products of ``k`` rows, and its leaves that are
+  not ghost leaves products of ``k`` records weighted by their clip factors,
+  each within ``γ(k)`` of the magnitudes of its terms, and sums those)
   (``_df_add``: pairs ``(hi, lo)``, each addition made error-free by
   Dekker's Fast2Sum on operands ordered by magnitude,
   ``s = a + b, e = b - (s - a)``, ``a + b = s + e`` exactly, barring

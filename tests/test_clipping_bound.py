@@ -454,6 +454,30 @@ def test_gram_bound_is_an_upper_bound_and_tight_without_cancellation():
             np.testing.assert_allclose(M, exact, rtol=1e-5)
 
 
+def test_a_constant_zero_gradient_keeps_the_records():
+    """A ghost leaf whose output gradient XLA folds to a constant zero (its
+    product multiplied by 0.0): the records keep finite bounds and the other
+    leaf's clipped sum is released, as ``vmap`` releases it. Before, the
+    power of two that scaled the zeros folded into ``nan`` in the squares
+    (not at run time: only as constants), every bound was ``inf`` and every
+    record was dropped."""
+    def loss(params, record):
+        return jnp.sum(params["b"] * record) + 0.0 * jnp.sum(record[None, :] @ params["W"])
+
+    params = {"W": jnp.zeros((2, 1), jnp.float32), "b": jnp.zeros((2,), jnp.float32)}
+    records = jnp.array([[0.3, 0.4], [0.1, -0.2], [5.0, 0.0]], jnp.float32)
+    run = jax.jit(lambda r: clipped_grad_sum(loss, params, r, None, 1.0, strategy="ghost"))
+    got = run(records)
+    assert np.all(np.isfinite(np.asarray(got.norms)))
+    np.testing.assert_allclose(np.asarray(got.norms), [0.5, np.sqrt(0.05), 5.0], rtol=1e-5)
+    want = clipped_grad_sum(loss, params, records, None, 1.0, strategy="vmap").grad_sum
+    np.testing.assert_allclose(np.asarray(got.grad_sum["b"]), np.asarray(want["b"]), rtol=1e-5)
+    assert np.asarray(got.grad_sum["b"])[0] > 1.0   # not dropped
+    # the primitive itself: the bound of constant zeros is finite, also compiled
+    zero_bound = jax.jit(lambda: gradients._norm_bound(jnp.zeros((3, 1), jnp.float32)))()
+    assert np.all(np.isfinite(np.asarray(zero_bound))) and np.all(np.asarray(zero_bound) < 1e-18)
+
+
 def test_two_level_sums_stay_two_reductions_after_compilation():
     """The error bound of a long sum of squares relies on two separate levels
     of about sqrt(n) terms; without the optimization barrier XLA merges them

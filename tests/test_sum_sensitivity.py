@@ -99,6 +99,13 @@ def dense_loss(params, record):
     return jnp.sum(record[None, :] @ params["W"])
 
 
+def residual_loss(params, record):
+    """The same gradient on a leaf that the ghost strategy differentiates per
+    record (a product with ``b``, not a dense product) and sums in products of
+    records weighted by their clip factors; its ghost leaf ``W`` gets zeros."""
+    return jnp.sum(params["b"] * record) + 0.0 * jnp.sum(record[None, :] @ params["W"])
+
+
 CASES = {
     "vmap": (dot_loss, "vmap", None),
     "scan": (dot_loss, "scan", None),
@@ -106,6 +113,7 @@ CASES = {
     "chunked 1000": (dot_loss, "chunked", 1000),
     "ghost": (dense_loss, "ghost", None),
     "ghost chunked 512": (dense_loss, "ghost", 512),
+    "ghost residual": (residual_loss, "ghost", None),
     "auto": (dot_loss, "auto", None),
 }
 
@@ -113,6 +121,8 @@ CASES = {
 def _params(loss, d):
     if loss is dense_loss:
         return {"W": jnp.zeros((d, 1), jnp.float32)}
+    if loss is residual_loss:
+        return {"W": jnp.zeros((d, 1), jnp.float32), "b": jnp.zeros((d,), jnp.float32)}
     return {"w": jnp.zeros((d,), jnp.float32)}
 
 
@@ -156,7 +166,7 @@ def _adversarial(B, d, C):
 
 
 #: The default step's strategies; the slow step runs every case of CASES.
-DEFAULT_CASES = ("vmap", "scan", "chunked 64", "ghost")
+DEFAULT_CASES = ("vmap", "scan", "chunked 64", "ghost", "ghost residual")
 
 
 @pytest.mark.parametrize("case", [c if c in DEFAULT_CASES else pytest.param(c, marks=pytest.mark.slow)
@@ -203,7 +213,7 @@ def final_rounding_records(r0_max: float, B: int = 16384) -> np.ndarray:
     return records.astype(F32)[:, None]
 
 
-@pytest.mark.parametrize("case", ["vmap", "scan", "ghost"])
+@pytest.mark.parametrize("case", ["vmap", "scan", "ghost", "ghost residual"])
 def test_final_rounding_is_inside_the_margin(case):
     """Record 0 as large as an unclipped record can be, the others chosen so
     that the last rounding of the sum moves up with record 0 and down
@@ -215,7 +225,7 @@ def test_final_rounding_is_inside_the_margin(case):
     B = 16384
     # the clipped value of a huge record: the largest contribution a record can make
     probe = jnp.zeros((B, 1), jnp.float32).at[0, 0].set(1e6)
-    top = float(_flat(_released(loss, params, probe, jnp.arange(B) == 0, C, strategy, chunk))[0])
+    top = float(np.max(_flat(_released(loss, params, probe, jnp.arange(B) == 0, C, strategy, chunk))))
     records = final_rounding_records(float(F32(top - 2.0**-20)), B)
     masked, removed, _ = neighbour_gaps(case, records, C)
     assert masked <= 1.0 and removed <= 1.0, (masked, removed)
@@ -303,6 +313,55 @@ def test_df_tree_error_is_within_its_bound():
     check(np.asarray(pairs[0][0]["x"]), int(np.ceil(np.log2(chunk))) + -(-n // chunk), n + n // chunk)
 
 
+def test_weighted_products_are_within_the_ghost_budget():
+    """The ghost strategy's sum of its other leaves' gradients, weighted by the
+    clip factors (``_df_weighted_sums``): products of ``k`` records, whose
+    rounding is at most ``γ(k)`` times the magnitudes (the budget of a ghost
+    product of ``k`` rows), added up in double floats. Per entry of the
+    adversarial columns, within ``u |S| + γ(k) M + 4 u² d M + tiny terms``
+    of the exact weighted sum ``S`` (``M``: the sum of ``|w_i x_i|``); and
+    every product contracts exactly ``k`` records, also where leaves are
+    joined (a product over the whole batch would be outside the budget)."""
+    from d3p import _certified_sum
+
+    rng = np.random.default_rng(2)
+    n, k = 3001, 8
+    x = np.empty((n, 4), np.float64)
+    x[:, 0] = np.sign(rng.normal(size=n)) * 10.0 ** rng.uniform(-20, 20, n)
+    x[:, 1] = rng.normal(size=n) * 1e25
+    x[:, 2] = np.where(np.arange(n) % 2, 1e8, 1.0)
+    x[:, 3] = rng.normal(size=n)
+    x = x.astype(F32)
+    w = rng.uniform(0, 1, n).astype(F32)
+    w[::7] = 0.0
+    x[-1, 1] = -np.sum((w[:-1] * x[:-1, 1]).astype(np.float64)) / w[-1]   # cancels to rounding level
+    u, tiny = 2.0**-24, float(np.finfo(F32).tiny)
+    gamma = k * u / (1 - k * u)
+    depth = int(np.ceil(np.log2(-(-n // k))))
+    leaves = [jnp.asarray(x[:, :2]), jnp.asarray(x[:, 2:].reshape(n, 2, 1))]
+    hi, _ = jax.jit(lambda ls, w: _certified_sum._df_weighted_sums(ls, w, k))(leaves, jnp.asarray(w))
+    got = np.concatenate([np.asarray(h).ravel() for h in hi])
+    for j in range(4):
+        terms = [_exact(a) * _exact(b) for a, b in zip(w, x[:, j])]
+        exact = sum(terms)
+        magnitude = float(sum(abs(t) for t in terms))
+        bound = u * abs(float(exact)) + (gamma + 4 * u * u * depth * (1 + gamma)) * magnitude + 10 * n * tiny
+        err = float(abs(_exact(got[j]) - exact))
+        assert err <= bound * (1 + 1e-6), (j, err, bound)
+        if j == 3:   # a sum that lost one record's term (a block cut wrong) is outside it: the check has power
+            assert float(max(abs(t) for t in terms)) > 100 * bound
+
+    # the products: k records each, for joined small leaves and a large leaf on its own
+    big = jnp.zeros((40, _certified_sum._DF_JOIN_MAX + 1), F32)
+    jaxpr = jax.make_jaxpr(lambda ls, w: _certified_sum._df_weighted_sums(ls, w, k))(
+        [jnp.zeros((40, 3), F32), jnp.zeros((40, 2, 2), F32), big], jnp.ones(40, F32))
+    dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 2
+    for e in dots:
+        (contract, _), _ = e.params["dimension_numbers"]
+        assert [e.invars[0].aval.shape[d] for d in contract] == [k]
+
+
 # ---------------------------------------------------------------------------
 # the public margin
 # ---------------------------------------------------------------------------
@@ -314,7 +373,7 @@ def test_every_record_is_clipped_to_the_same_threshold_whatever_the_batch():
     adding or removing a record leaves the others' contributions unchanged."""
     C, eta = 1.0, gradients._sum_margin(jnp.float32)
     assert eta == 2.0**-7
-    for case in ["vmap", "scan", "chunked 64", "ghost"]:
+    for case in ["vmap", "scan", "chunked 64", "ghost", "ghost residual"]:
         loss, strategy, chunk = CASES[case]
         got = set()
         for B in [1, 2, 3, 100, 4097]:
