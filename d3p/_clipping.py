@@ -1,8 +1,8 @@
 """Certified norm bounds and the clip factor: the clipping of :mod:`d3p.gradients`.
 
-The one implementation of the per-record norm bound (``_norm_bound``,
-``_record_bound``, with the exact scaling by powers of two of
-``_unit_scaled``), of the clip factor (``_clip_factor``, ``_flush_slack``)
+The one implementation of the per-record norm bound (``_norm_bounds``,
+of several arrays at once, ``_norm_bound``, ``_record_bound``, with the
+exact scaling by powers of two of ``_unit_scaled``), of the clip factor (``_clip_factor``, ``_flush_slack``)
 and of its application to a batch of records (``_clip_decision``,
 ``_keep_records``, ``_clip_records``), and the public :func:`total_norm` and
 :func:`clip_gradient` built on them (documented and imported from
@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from d3p.random._common import in_two_halves
 
 PyTree = Any
 
@@ -74,8 +76,13 @@ def _up(x: jax.Array, k: float, rnd: _Rounding) -> jax.Array:
     including the rounding of this multiplication itself."""
     if k <= 0:
         return x
+    return x * np.asarray(_up_factor(k, rnd), x.dtype)
+
+
+def _up_factor(k: float, rnd: _Rounding) -> float:
+    """The factor of :func:`_up` for ``k > 0`` roundings (exactly representable)."""
     steps = int(np.ceil(_gamma(k + 1, rnd) / rnd.eps)) + 1
-    return x * np.asarray(1.0 + steps * rnd.eps, x.dtype)  # exactly representable
+    return 1.0 + steps * rnd.eps
 
 
 def _exponent(peak: jax.Array) -> jax.Array:
@@ -145,15 +152,23 @@ def _blocked_sum(x: jax.Array, naxes: int) -> Tuple[jax.Array, int]:
 def _scaled_norm_bound(xs: jax.Array, naxes: int, rnd: _Rounding) -> jax.Array:
     """Upper bound of the L2 norm over the last ``naxes`` axes of ``xs`` (entries of
     magnitude below 4), including squares flushed to zero."""
+    total, flushed, factor = _squares(xs, naxes, rnd)
+    return (jnp.sqrt(total) + np.asarray(flushed, xs.dtype)) * np.asarray(factor, xs.dtype)
+
+
+def _squares(xs: jax.Array, naxes: int, rnd: _Rounding) -> Tuple[jax.Array, float, float]:
+    """``(total, flushed, factor)`` of :func:`_scaled_norm_bound`: the sum of
+    squares over the last ``naxes`` axes, the allowance for squares flushed to
+    zero, and the factor of :func:`_up` for the roundings; the bound is
+    ``(sqrt(total) + flushed) * factor``."""
     n = int(np.prod(xs.shape[xs.ndim - naxes:], dtype=np.int64))
     total, depth = _blocked_sum(jnp.square(xs), naxes)
     # squares below `tiny` may be flushed: at most n * tiny in total, i.e. at
-    # most sqrt(n * tiny) in the norm (sqrt(a + b) <= sqrt(a) + sqrt(b))
-    flushed = np.asarray(2.0 * np.sqrt(n * rnd.tiny), xs.dtype)
+    # most sqrt(n * tiny) in the norm (sqrt(a + b) <= sqrt(a) + sqrt(b));
     # squares: 1 rounding; sums: depth; halved by the square root, which adds
     # at most 2 (allowing for a square root that is not correctly rounded);
     # the addition of `flushed`: 1
-    return _up(jnp.sqrt(total) + flushed, -(-(depth + 1) // 2) + 3, rnd)
+    return total, 2.0 * np.sqrt(n * rnd.tiny), _up_factor(-(-(depth + 1) // 2) + 3, rnd)
 
 
 def _norm_bound(x: jax.Array, naxes: int = 1) -> jax.Array:
@@ -165,9 +180,72 @@ def _norm_bound(x: jax.Array, naxes: int = 1) -> jax.Array:
     and small finite entries neither overflow nor underflow; within a factor
     ``1 + (sqrt(n) + 5) u`` of the exact norm.
     """
-    scaled, s, peak = _unit_scaled(x, naxes)
-    bound = _times_pow2(_scaled_norm_bound(scaled, naxes, _rounding(scaled.dtype)), -s)
-    return jnp.where(jnp.isfinite(peak), bound, jnp.inf)
+    return _norm_bounds([x], naxes)[0]
+
+
+def _norm_bounds(xs, naxes: int = 1) -> list:
+    """:func:`_norm_bound` of each array of ``xs`` (over its last ``naxes``
+    axes). The arithmetic on one value per slice (the scaling exponent of
+    :func:`_unit_scaled`, the bound of :func:`_scaled_norm_bound` from the sum
+    of squares, the scaling back) is computed once for all arrays of one
+    accumulation dtype, their slices' values joined: a norm bound is some
+    sixty operations, all but a dozen of them on one value per slice, and a
+    private step with ghost norms bounds a dozen arrays."""
+    out = [None] * len(xs)
+    groups = {}
+    for i, x in enumerate(xs):
+        groups.setdefault(_acc_dtype(x.dtype), []).append(i)
+    for acc, idx in groups.items():
+        for i, bound in zip(idx, _norm_bounds_joined([xs[i].astype(acc) for i in idx], naxes)):
+            out[i] = bound
+    return out
+
+
+def _norm_bounds_joined(xs, naxes: int) -> list:
+    """:func:`_norm_bounds` of arrays of one dtype (at least float32)."""
+    acc, rnd = xs[0].dtype, _rounding(xs[0].dtype)
+    leads = [x.shape[: x.ndim - naxes] for x in xs]
+    sizes = [int(np.prod(lead, dtype=np.int64)) for lead in leads]
+    peak = jnp.concatenate([_peak(x, naxes).reshape(-1) for x in xs])
+    # joined values computed once (in_two_halves), not again in each array's
+    # slice of them; for one or two arrays the loops cost more than they save
+    once = (lambda fn, *args: fn(*args)) if len(xs) <= 2 else (lambda fn, *args: in_two_halves(fn, list(args)))
+    s, unit = once(lambda p: _scale_of(p, acc), peak)
+    totals, flushed, factors = [], [], []
+    for x, lead, size, scale in zip(xs, leads, sizes, _split(unit, sizes)):
+        total, flush, factor = _squares(x * scale.reshape(lead + (1,) * naxes), naxes, rnd)
+        totals.append(total.reshape(-1))
+        flushed.append(np.full(size, flush, acc))
+        factors.append(np.full(size, factor, acc))
+    bound = once(_scaled_back, jnp.concatenate(totals), np.concatenate(flushed), np.concatenate(factors), s, peak)
+    return [b.reshape(lead) for b, lead in zip(_split(bound, sizes), leads)]
+
+
+def _scale_of(peak: jax.Array, acc) -> Tuple[jax.Array, jax.Array]:
+    """``(s, 2^s)`` of :func:`_unit_scaled` for slices of largest magnitude ``peak``
+    (``2^0`` for slices of zeros)."""
+    s = _scale_exponent(peak)
+    return s, jnp.where(peak == 0, np.asarray(1, acc), _pow2(s, acc))
+
+
+def _scaled_back(total, flushed, factor, s, peak) -> jax.Array:
+    """The bound of :func:`_norm_bound` from the sum of squares ``total`` of the
+    scaled slice, its allowances (``flushed``, the factor of ``_up``) and scale."""
+    bound = (jnp.sqrt(total) + flushed) * factor
+    return jnp.where(jnp.isfinite(peak), _times_pow2(bound, -s), jnp.inf)
+
+
+def _split(x: jax.Array, sizes) -> list:
+    """``x`` cut into consecutive pieces of ``sizes``."""
+    bounds = np.cumsum([0] + list(sizes))
+    return [x[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _peak(x: jax.Array, naxes: int) -> jax.Array:
+    """The largest magnitude of every slice over the last ``naxes`` axes (``nan``
+    or ``inf`` if an entry is non-finite; zeros for empty slices)."""
+    axes = tuple(range(x.ndim - naxes, x.ndim))
+    return jnp.max(jnp.abs(x), axis=axes) if x.size else jnp.zeros(x.shape[: x.ndim - naxes], x.dtype)
 
 
 def _unit_scaled(x: jax.Array, naxes: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
@@ -178,15 +256,13 @@ def _unit_scaled(x: jax.Array, naxes: int) -> Tuple[jax.Array, jax.Array, jax.Ar
     underflow in squares and products."""
     acc = _acc_dtype(x.dtype)
     x = x.astype(acc)
-    axes = tuple(range(x.ndim - naxes, x.ndim))
-    peak = jnp.max(jnp.abs(x), axis=axes) if x.size else jnp.zeros(x.shape[: x.ndim - naxes], acc)
-    s = _scale_exponent(peak)
+    peak = _peak(x, naxes)
     # slices of zeros are left as they are (scaled, they are the same zeros):
     # where they were constants of the program, XLA's constant folding turned
     # the squares of zeros scaled by 2^126 into nan, so that a ghost leaf whose
     # output gradient was a constant zero had every record's bound inf and
     # every record dropped (tests/test_clipping_bound.py)
-    unit = jnp.where(peak == 0, np.asarray(1, acc), _pow2(s, acc))
+    s, unit = _scale_of(peak, acc)
     return x * unit.reshape(s.shape + (1,) * naxes), s, peak
 
 
@@ -276,7 +352,7 @@ def _record_bound(leaves, extra_roundings: int = 0) -> jax.Array:
     values themselves)."""
     dtypes = [x.dtype for x in leaves]
     acc = _acc_dtype(*dtypes)
-    per_leaf = jnp.stack([_norm_bound(_rows(g)).astype(acc) for g in leaves], axis=1)
+    per_leaf = jnp.stack([b.astype(acc) for b in _norm_bounds([_rows(g) for g in leaves])], axis=1)
     return _up(_norm_bound(per_leaf), extra_roundings, _rounding(acc, *dtypes))
 
 

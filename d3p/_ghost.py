@@ -466,27 +466,42 @@ def gram_bound(A, D):
     Every computed quantity is increased by the relative error bound of the
     roundings that produced it (``_up``).
     """
+    return _gram_bounds([(A, D)])[0][0]
+
+
+def _gram_bounds(leaf_rows, others=()):
+    """:func:`gram_bound` of every ``(A, D)`` of ``leaf_rows``, and
+    :func:`d3p._clipping._norm_bound` of the rows of each of ``others``:
+    ``(bounds, other_bounds)``. The row norms of the triangle bounds and the
+    others' norms are one batch of norm bounds (:func:`d3p._clipping._norm_bounds`)."""
     g = _clipping
-    acc = g._acc_dtype(A.dtype, D.dtype)
-    rnd = g._rounding(acc, A.dtype, D.dtype)
-    _, R, n_in = A.shape
-    n_out = D.shape[2]
-    A, D = jnp.abs(A.astype(acc)), jnp.abs(D.astype(acc))
-    # the Gram form's error bound (relative to T²) grows with the sizes; where
-    # it could not beat the triangle bound, T alone is the bound
-    if R == 1 or (n_in + n_out + 2 * R + 2) * rnd.u > 1e-2:
-        M, sum_a, sum_d = _triangle_bound(A, D, rnd)
-    else:
-        M, sum_a, sum_d = _gram_form_bound(A, D, rnd)
-    return _with_tiny_entries(M, sum_a, sum_d, R, n_in, n_out, rnd)
+    triangle, forms, rows = [], [], list(others)
+    for A, D in leaf_rows:
+        acc = g._acc_dtype(A.dtype, D.dtype)
+        rnd = g._rounding(acc, A.dtype, D.dtype)
+        _, R, n_in = A.shape
+        n_out = D.shape[2]
+        A, D = jnp.abs(A.astype(acc)), jnp.abs(D.astype(acc))
+        # the Gram form's error bound (relative to T²) grows with the sizes; where
+        # it could not beat the triangle bound, T alone is the bound
+        use_triangle = R == 1 or (n_in + n_out + 2 * R + 2) * rnd.u > 1e-2
+        forms.append((use_triangle, len(rows), (A, D, rnd), (R, n_in, n_out, rnd)))
+        if use_triangle:
+            rows += [A, D]
+    norms = g._norm_bounds(rows)
+    bounds = []
+    for use_triangle, at, (A, D, rnd), sizes in forms:
+        parts = _triangle_bound(norms[at], norms[at + 1], rnd) if use_triangle else _gram_form_bound(A, D, rnd)
+        bounds.append(_with_tiny_entries(*parts, *sizes))
+    return bounds, norms[:len(others)]
 
 
-def _triangle_bound(A, D, rnd):
+def _triangle_bound(na, nd, rnd):
     """``(M, Σ_r ‖a_r‖, Σ_r ‖d_r‖)`` of :func:`gram_bound` from ``T`` alone, in
-    real units: row norms (overflow-safe), ``T = Σ_r ‖a_r‖‖d_r‖``."""
+    real units, from the row norms ``na``, ``nd`` (B, R) of ``|A|`` and ``|D|``
+    (overflow-safe bounds): ``T = Σ_r ‖a_r‖‖d_r‖``."""
     g = _clipping
-    R = A.shape[1]
-    na, nd = g._norm_bound(A), g._norm_bound(D)  # (B, R)
+    R = na.shape[1]
     M = g._up(jnp.sum(na * nd, axis=1), R, rnd)
     sum_a = g._up(jnp.sum(na, axis=1), R - 1, rnd)
     sum_d = g._up(jnp.sum(nd, axis=1), R - 1, rnd)
@@ -576,9 +591,9 @@ def ghost_chunk(plan: Plan, p_def, param_leaves, record_leaves, mask, clipping_t
     """Clipped sum (double-float pairs), losses and norm bounds for one chunk of records.
 
     Each record's clipping factor comes from :func:`d3p._clipping._clip_factor`
-    applied to one bound over all leaves: :func:`gram_bound` for ghost leaves,
-    :func:`d3p._clipping._record_bound` of the exact per-record gradients of
-    the others, so that what is added for the record has exact norm at most
+    applied to one bound over all leaves (:func:`_ghost_bounds`: :func:`gram_bound`
+    for ghost leaves, norm bounds of the exact per-record gradients of the
+    others), so that what is added for the record has exact norm at most
     ``clipping_threshold`` less ``reserve`` (the sum's fixed allowance, see
     ``d3p._certified_sum._SumBudget``), and the rounding weight of its rows in the
     products is bounded by the same norm. Records with mask False or a
@@ -639,20 +654,21 @@ def _leaf_rows(uses: Sequence[GhostUse], xs, deltas, index):
 
 def _ghost_bounds(plan: Plan, leaf_rows, res_grads, param_leaves, B: int):
     """``(norms, abs_err)`` per record for :func:`d3p._clipping._clip_decision`:
-    one bound over all leaves (:func:`gram_bound` per ghost leaf,
-    :func:`d3p._clipping._record_bound` of the residual gradients), and the
-    absolute error that does not scale with the clip factor."""
+    one bound over all leaves (the norm of :func:`gram_bound` per ghost leaf
+    and of the norm bound of each residual leaf's exact gradient, which
+    bounds the record's whole gradient as :func:`d3p._clipping._record_bound`
+    does), and the absolute error that does not scale with the clip factor."""
     g = _clipping
     dtypes = [jnp.result_type(x) for x in param_leaves]
     acc = g._acc_dtype(*dtypes)
     rnd = g._rounding(acc, *dtypes)
-    bounds, abs_errs = [], []  # per part, shape (B,)
-    for A, D in leaf_rows:
-        M, E = gram_bound(A, D)
-        bounds.append(M.astype(acc))
-        abs_errs.append(E.astype(acc))
-    if res_grads:
-        bounds.append(g._record_bound(res_grads).astype(acc))
+    # per ghost leaf (M, E); per residual leaf the norm of its rows (as
+    # _record_bound's), all shape (B,), from one batch of norm bounds
+    ghost, residual = _gram_bounds(leaf_rows, [g._rows(grad) for grad in res_grads])
+    bounds = [M.astype(acc) for M, _ in ghost] + [r.astype(acc) for r in residual]
+    abs_errs = [E.astype(acc) for _, E in ghost]
+    # one norm over all parts (the residual leaves' norms among them: a bound
+    # of the record's whole gradient, as the norm of _record_bound with them)
     norms = g._norm_bound(jnp.stack(bounds, axis=1)) if bounds else jnp.zeros((B,), acc)
     res_size = sum(g._rows(grad).shape[1] for grad in res_grads)
     res_dtypes = [jnp.result_type(param_leaves[i]) for i in plan.residual_leaves]

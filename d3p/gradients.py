@@ -21,9 +21,11 @@ Each privacy primitive has exactly one implementation, which
 
 - the overflow-safe norm bound (``d3p._clipping``): ``_norm_bound`` (scaling
   by powers of two in ``_unit_scaled``, the bound of a scaled norm in
-  ``_scaled_norm_bound``); the bound of a record's gradient over all its
-  leaves: ``_record_bound``; ghost norms (``d3p._ghost.gram_bound``) build
-  on ``_unit_scaled``, ``_scaled_norm_bound`` and ``_norm_bound``;
+  ``_scaled_norm_bound``), for several arrays at once ``_norm_bounds`` (of
+  which ``_norm_bound`` is the case of one); the bound of a record's
+  gradient over all its leaves: ``_record_bound``; ghost norms
+  (``d3p._ghost.gram_bound``) build on ``_unit_scaled``,
+  ``_scaled_norm_bound`` and ``_norm_bounds``;
 - the sum over records and its public error bound: ``_FixedPoint``,
   ``_to_grid`` and ``_from_grid`` (``d3p._fixed_point``: exact integer
   accumulation on a public grid, for per-record gradients), ``_df_add`` and
@@ -170,6 +172,7 @@ from d3p._clipping import (  # noqa: F401
     _clip_factor,
     _clip_records,
     _norm_bound,
+    _norm_bounds,
     _per_record,
     _real_only,
     _record_bound,

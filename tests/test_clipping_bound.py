@@ -478,6 +478,32 @@ def test_a_constant_zero_gradient_keeps_the_records():
     assert np.all(np.isfinite(np.asarray(zero_bound))) and np.all(np.asarray(zero_bound) < 1e-18)
 
 
+def test_joined_norm_bounds_are_each_arrays_own():
+    """``_norm_bounds`` (the scaling and allowances of several arrays' slices
+    computed once, as the ghost strategy bounds its rows and residual leaves)
+    gives each array's own ``_norm_bound``, compiled, on slices of mixed
+    magnitudes (near overflow, below the smallest normal number, zeros,
+    non-finite entries) and sizes (a long slice summed in two levels), and
+    never less than the exact norm."""
+    rng = np.random.default_rng(7)
+    tiny = float(np.finfo(np.float32).tiny)
+    xs = [
+        (rng.normal(size=(5, 3, 7)) * 10.0 ** rng.uniform(-30, 30, (5, 3, 1))).astype(np.float32),
+        np.concatenate([np.zeros((1, 1500)), np.full((1, 1500), 3e36), rng.normal(size=(2, 1500)) * tiny,
+                        rng.normal(size=(1, 1500))]).astype(np.float32),
+        np.array([[np.nan, 1.0], [np.inf, 0.0], [0.0, 0.0], [-2.0, 1e-40]], np.float32),
+        np.zeros((0, 4), np.float32),
+    ]
+    joined = jax.jit(lambda xs: gradients._norm_bounds(xs))(xs)
+    for x, got in zip(xs, joined):
+        alone = jax.jit(gradients._norm_bound)(x)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(alone), rtol=2e-7)
+        with np.errstate(over="ignore", invalid="ignore"):   # inf entries: an inf norm
+            exact = np.linalg.norm(np.nan_to_num(x.astype(np.float64), nan=np.inf), axis=-1)
+        assert np.all((np.asarray(got, np.float64) >= exact * (1 - 1e-12)) | (exact < 1e-36))
+    assert np.isinf(np.asarray(joined[2])[:2]).all() and np.asarray(joined[2])[2] == 0.0
+
+
 def test_two_level_sums_stay_two_reductions_after_compilation():
     """The error bound of a long sum of squares relies on two separate levels
     of about sqrt(n) terms; without the optimization barrier XLA merges them
