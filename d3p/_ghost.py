@@ -475,7 +475,7 @@ def _gram_bounds(leaf_rows, others=()):
     ``(bounds, other_bounds)``. The row norms of the triangle bounds and the
     others' norms are one batch of norm bounds (:func:`d3p._clipping._norm_bounds`)."""
     g = _clipping
-    triangle, forms, rows = [], [], list(others)
+    forms, rows = [], list(others)
     for A, D in leaf_rows:
         acc = g._acc_dtype(A.dtype, D.dtype)
         rnd = g._rounding(acc, A.dtype, D.dtype)
