@@ -15,6 +15,11 @@ steps.
   with the length a constant (the path of accelerators) release.
 - A program serves only the optimizer (and model, guide, loss, settings) it
   was traced with: ``svi.optim = ...`` between runs compiles anew.
+
+The default step checks σ and C as arguments, the message and the
+constants; the checks that compile several whole runs each (adaptive
+clipping's C, q, the number of steps, a run inside a user's ``jit``,
+another optimizer, the twin's fits) run in the slow step, also in CI.
 """
 
 import logging
@@ -70,6 +75,7 @@ def test_a_run_at_another_epsilon_reuses_the_compiled_steps_with_the_new_sigma(m
         assert a.tobytes() == b.tobytes()
 
 
+@pytest.mark.slow
 def test_with_c_chosen_by_adaptive_clipping_a_run_at_another_epsilon_compiles_nothing(monkeypatch):
     # DPSVI without clipping_threshold: adaptive clipping, whose count's
     # noise is a share of σ's, computed from σ the argument
@@ -117,6 +123,7 @@ def test_sigma_stays_a_constant_where_the_program_depends_on_it(settings):
     assert clipping_threshold == (1.0 if settings.get("noise") == "discrete" else None)
 
 
+@pytest.mark.slow
 def test_a_twin_fit_at_another_epsilon_clipping_threshold_or_step_size_compiles_nothing():
     pd = pytest.importorskip("pandas")
     import d3p.twin as twin
@@ -199,6 +206,7 @@ def _lengths_run(svi):
     return first, svi.run(key, 3, XS, batch_size=B, progress_bar=True, init_state=first.state, start_step=6)
 
 
+@pytest.mark.slow
 @cpu_default
 def test_on_cpu_runs_of_any_number_of_steps_share_one_program(monkeypatch):
     monkeypatch.setattr(run_module, "_CHUNK_STEPS", 4)   # 6 steps without the bar: chunks of 4 and 2
@@ -220,6 +228,7 @@ def test_on_cpu_runs_of_any_number_of_steps_share_one_program(monkeypatch):
     assert not np.isnan(np.asarray(results[0].losses)).any()   # no entry of the chunk's buffer beyond its steps
 
 
+@pytest.mark.slow
 @cpu_default
 def test_a_run_inside_a_users_jit_slices_and_joins_its_chunks_as_outside(monkeypatch):
     # chunks of 4 and 2 steps: the second's losses sliced from its buffer, then joined; traced inside jit
@@ -244,6 +253,7 @@ def _q_run(svi, q, seed=7):
     return svi.run(d3p.random.PRNGKey(seed), T, XS, q=q, progress_bar=False)
 
 
+@pytest.mark.slow
 def test_a_run_at_another_q_with_the_same_padded_batch_reuses_the_compiled_steps(monkeypatch):
     # Poisson batches: the count's table and q N are arguments of the
     # program, which depends only on N and the padded size
@@ -288,6 +298,7 @@ def test_asking_for_another_epsilon_with_the_automatic_q_compiles_nothing(caplog
     assert run_chunk._cache_size() == 1
 
 
+@pytest.mark.slow
 def test_a_run_after_the_optimizer_is_replaced_uses_the_new_optimizer():
     # the compiled steps hold the optimizer they were traced with: a run
     # after svi.optim = ... compiles its own (before, it silently reused the
@@ -308,6 +319,7 @@ def test_a_run_after_the_optimizer_is_replaced_uses_the_new_optimizer():
         _run_steps(svi)
 
 
+@pytest.mark.slow
 def test_replacing_the_optimizer_d3p_chose_makes_it_the_users():
     svi = DPSVI(normal_mean_model, AutoDiagonalNormal(normal_mean_model), loss=Trace_ELBO(),
                 clipping_threshold=1.0, dp_scale=1.0, N=N)

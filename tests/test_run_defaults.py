@@ -128,6 +128,7 @@ def _unconstrained(svi, state):
     return svi.optim.get_params(state.optim_state)
 
 
+@pytest.mark.slow
 def test_average_is_the_mean_of_the_last_steps_parameters(svi):
     """average=0.5 over 8 steps: the mean of the parameters after steps 5..8,
     computed here from the same run continued one step at a time."""
@@ -169,6 +170,7 @@ def test_average_is_validated(svi, value):
 # ------------------------------------------- C chosen when it is not given
 
 
+@pytest.mark.slow
 def test_without_a_clipping_threshold_c_is_chosen_by_adaptive_clipping_and_run_says_so(caplog):
     import logging
 
@@ -220,6 +222,7 @@ def _said(caplog, text):
     return [r.getMessage() for r in caplog.records if text in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_without_an_optimizer_adam_at_the_chosen_step_size_and_averaging(caplog):
     """``DPSVI(model, guide, loss=...)``: numpyro's Adam at the documented step
     size, held for the first half of a run's steps and decayed along a cosine
@@ -327,6 +330,7 @@ def test_the_steps_chosen_from_the_noise_follow_the_documented_rule(rho, step_si
     assert _run_plan.steps_for_the_noise(rho, step_size) == expected
 
 
+@pytest.mark.slow
 def test_asking_for_epsilon_with_nothing_else_takes_fewer_steps_where_the_noise_is_large(caplog):
     """``run(key, None, ..., epsilon=...)`` with d3p's optimizer: the noise
     ratio of σ calibrated for 2,000 steps decides the number of steps (public

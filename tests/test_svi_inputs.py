@@ -551,6 +551,7 @@ def test_mismatched_list_and_frame_lengths_refused_naming_both():
         svi.evaluate(state, _xs()[:5], (1.0, 2.0, 3.0))
 
 
+@pytest.mark.slow
 def test_scalar_mask_is_one_flag_for_the_batch(svi, state):
     """d3p 0.2 accepted ``mask=True``: every record real; ``False``: every record padded."""
     xs = _xs()[:5]

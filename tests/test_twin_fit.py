@@ -434,6 +434,7 @@ def test_cosine_decay_schedule():
             cosine_decay(*args)
 
 
+@pytest.mark.slow
 def test_fit_records_optimiser_and_gains(fitted, tmp_path):
     tw = fitted.twin
     assert tw.fit_info["optimizer"] == "adam, cosine decay to 5%"

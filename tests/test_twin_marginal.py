@@ -570,6 +570,7 @@ def test_shrinking_follows_its_closed_form():
     assert np.all(np.abs(M.shrink_towards(far, big, 1.0) - far)[:, 0] < 8.0)
 
 
+@pytest.mark.slow
 def test_a_rare_level_is_not_fitted_as_a_deterministic_rule(monkeypatch):
     """Issue 37's case in small: a level held by 1.2% of the records, a target 6% positive (14%
     on that level), the pair's table measured with noise of std about 60. Without the shrinking,

@@ -263,6 +263,7 @@ def test_a_private_schema_is_for_its_fit_only():
     assert tw.schema == ps.schema and tw.privacy["schema"]["rho"] == ps.plan.rho
 
 
+@pytest.mark.slow
 def test_the_ledger_holds_the_schema_and_the_model():
     ledger = PrivacyLedger()
     tw = twin.fit(_table(), 1.0, 1e-5, rng_key=0, family="mixture", num_steps=50, progress_bar=False,
