@@ -428,7 +428,7 @@ def noisy_gradient(svi, svi_state, args, kwargs, mask, expected_batch_size, forw
     records, treedef, B = _records(args, kwargs)
     mask = _checked_mask(mask, B)
     expected_batch_size = _public_batch_size(expected_batch_size, B)
-    warn_if_all_noise(svi, expected_batch_size, stacklevel=5)   # the caller of update
+    warn_if_all_noise(svi, expected_batch_size, stacklevel=6)   # the caller of update
     C = step_threshold(svi, svi_state)
     record_keys, key_impl = _record_keys(jax_key, B)
     params = svi.optim.get_params(svi_state.optim_state)
@@ -553,6 +553,57 @@ def sigma_value(sigma, params):
     in that dtype (within a unit in the last place of the product of the
     constants, which the program without the argument rounds once)."""
     return np.asarray(_validate.non_negative("dp_scale", sigma), jnp.result_type(*jax.tree.leaves(params)))
+
+
+def update(svi, name, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
+    """:meth:`DPSVI.update` (``name`` ``"update"``) or :meth:`DPSVI.stable_update`
+    (``"stable_update"``, which keeps the optimizer state where the step is
+    not finite): ``(svi_state, loss)``; called outside a traced program, by
+    one compiled program (:func:`compiled_eager_call`)."""
+    compiled = compiled_eager_call(svi, name, svi_state, args, kwargs, mask, expected_batch_size, forward_mode)
+    if compiled is not None:
+        return compiled
+    state, loss, grad = step(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode)
+    if name == "stable_update":
+        return keep_if_not_finite(svi_state, state, loss, grad)
+    return state, loss
+
+
+def compiled_eager_call(svi, name, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
+    """``svi.<name>(svi_state, *args, ...)`` (``update`` or ``stable_update``)
+    called outside any traced program, computed by one compiled program
+    instead of operation by operation (which compiled some 200 small programs
+    at the first call and ran 2-5 times slower than NumPyro's eager step:
+    ``benchmarks/eager_update.py``). None where a value is traced (the caller
+    traces the step as written) or ``expected_batch_size`` is not a Python or
+    NumPy number (then the step runs eagerly).
+
+    The data are converted and checked here, before anything is compiled
+    (errors name the argument as the eager step's do); the program is kept
+    per version of the settings a step reads (``dp_scale`` and
+    ``clipping_threshold`` by value, :data:`TRACED_SETTINGS` by identity, as
+    :class:`SettingsMethod`), so that another σ, C, model or optimizer is
+    never served by a program traced with the old one."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((svi_state, args, kwargs, mask))):
+        return None
+    if expected_batch_size is not None and not isinstance(expected_batch_size, (int, float, np.number)):
+        return None
+    check_state(svi_state)
+    records, treedef, B = _records(args, kwargs)
+    mask = _checked_mask(mask, B)
+    warn_if_all_noise(svi, _public_batch_size(expected_batch_size, B), stacklevel=5)   # the caller of update
+    settings = traced_settings(svi)
+    key = (name, svi.dp_scale, svi.clipping_threshold, tuple(map(id, settings)), treedef, expected_batch_size,
+           bool(forward_mode))
+    programs = svi.__dict__.setdefault("_eager_programs", {})
+    if key not in programs:
+        def call(state, leaves, mask):
+            args, kwargs = jax.tree.unflatten(treedef, leaves)
+            return getattr(svi, name)(state, *args, mask=mask, expected_batch_size=expected_batch_size,
+                                      forward_mode_differentiation=forward_mode, **kwargs)
+
+        programs[key] = (jax.jit(call), settings)   # the entry keeps the settings alive: no other object takes their ids
+    return programs[key][0](svi_state, list(records), mask)
 
 
 def step(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):

@@ -383,11 +383,13 @@ class DPSVI(SVI):
         :param kwargs: per-record keyword data for model and guide, as ``args``.
         :return: ``(svi_state, loss)``; ``loss`` is the minibatch ELBO estimate
             computed from the un-noised data and is NOT private.
+
+        Called outside ``jax.jit``, the step runs as one program compiled for
+        its settings and shapes, not operation by operation: the release of
+        ``jax.jit(svi.update)``.
         """
-        state, loss, _ = _private_step.step(
-            self, svi_state, args, kwargs, mask, expected_batch_size, forward_mode_differentiation
-        )
-        return state, loss
+        return _private_step.update(self, "update", svi_state, args, kwargs, mask, expected_batch_size,
+                                    forward_mode_differentiation)
 
     @_private_step.SettingsMethod
     def stable_update(self, svi_state: DPSVIState, *args, mask: Optional[jax.Array] = None,
@@ -403,10 +405,8 @@ class DPSVI(SVI):
         :return: ``(svi_state, loss)``; ``loss`` is ``nan`` for a skipped step
             and is NOT private.
         """
-        state, loss, grad = _private_step.step(
-            self, svi_state, args, kwargs, mask, expected_batch_size, forward_mode_differentiation
-        )
-        return _private_step.keep_if_not_finite(svi_state, state, loss, grad)
+        return _private_step.update(self, "stable_update", svi_state, args, kwargs, mask, expected_batch_size,
+                                    forward_mode_differentiation)
 
     def evaluate(self, svi_state: DPSVIState, *args, **kwargs):
         """The ELBO loss on the given data at the current parameters.
