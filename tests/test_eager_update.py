@@ -46,17 +46,17 @@ def _state(svi):
 def test_an_eager_call_is_the_jitted_method_and_compiles_once(method):
     svi = _svi()
     state = _state(svi)
-    eager, _ = traced_programs(lambda: getattr(svi, method)(state, XS))
-    jitted = jax.jit(getattr(svi, method))(state, XS)
-    assert _bits(eager) == _bits(jitted)
+    eager = getattr(svi, method)(state, XS)
+    jitted = jax.jit(getattr(svi, method))
+    assert _bits(eager) == _bits(jitted(state, XS))
     again, traced = traced_programs(lambda: getattr(svi, method)(eager[0], XS))
     assert traced == 0
-    assert _bits(again) == _bits(jax.jit(getattr(svi, method))(eager[0], XS))
+    assert _bits(again) == _bits(jitted(eager[0], XS))
     assert _bits(again[0].rng_key) != _bits(eager[0].rng_key)   # the key advanced
 
 
 @pytest.mark.parametrize("setting, value", [("dp_scale", 3.0), ("clipping_threshold", 0.25),
-                                            ("optim", numpyro.optim.Adam(0.2))])
+                                            pytest.param("optim", numpyro.optim.Adam(0.2), marks=pytest.mark.slow)])
 def test_an_eager_call_after_a_setting_changed_uses_the_new_setting(setting, value):
     svi = _svi()
     state = _state(svi)
@@ -84,6 +84,7 @@ def test_an_eager_call_converts_and_checks_the_data_first():
         svi.update(state, XS, expected_batch_size=-1.0)
 
 
+@pytest.mark.slow   # operation by operation: 14 s
 def test_an_eager_call_with_an_array_batch_size_runs_the_step_as_written():
     svi = _svi()
     state = _state(svi)
