@@ -230,7 +230,9 @@ class _Step:
     """One DPSVI with σ = 0 and SGD(1) and its step ``method``, called eagerly
     or jitted (compiled once per batch shape, traced on public placeholder
     records before any observation, so that both runs of a pair execute the
-    same compiled program and only its run-time path is compared)."""
+    same compiled program and only its run-time path is compared; an eager
+    call compiles its program at its first call, so the placeholders go
+    through an eager call first too)."""
 
     def __init__(self, method, jitted, formulation="auto"):
         self.svi = make_svi(numpyro.optim.SGD(1.0), 0.0, formulation=formulation)
@@ -241,10 +243,17 @@ class _Step:
         return (data["xs"].shape[0], "mask" in data)
 
     def prepare(self, data):
-        """Compile (jitted) for the shapes of ``data``, on zeros of those shapes."""
-        if not self.jitted or self._key(data) in self._compiled:
+        """Compile for the shapes of ``data``, on zeros of those shapes."""
+        if self._key(data) in self._compiled:
             return
         step = getattr(self.svi, self.method)
+        if not self.jitted:
+            placeholder = {"xs": np.zeros_like(data["xs"]), "ys": np.zeros_like(data["ys"])}
+            if "mask" in data:
+                placeholder["mask"] = np.ones_like(data["mask"])
+            self._compiled[self._key(data)] = None
+            jax.block_until_ready(self(placeholder))
+            return
         if "mask" in data:
             fn = jax.jit(lambda s, x, y, m: step(s, x, y, mask=m, expected_batch_size=B))
             placeholder = (np.zeros_like(data["xs"]), np.zeros_like(data["ys"]), np.ones_like(data["mask"]))
