@@ -55,6 +55,13 @@ def traced_settings(svi) -> tuple:
     return tuple(getattr(svi, name) for name in TRACED_SETTINGS)
 
 
+def settings_version(svi, name: str, settings: tuple) -> tuple:
+    """The key of a version of ``svi``'s method ``name``: ``dp_scale`` and
+    ``clipping_threshold`` by value, ``settings`` (:func:`traced_settings`)
+    by identity (whoever keeps the key keeps ``settings`` alive)."""
+    return name, svi.dp_scale, svi.clipping_threshold, tuple(map(id, settings))
+
+
 class SettingsMethod:
     """A method of :class:`DPSVI` (``update``, ``stable_update``) whose bound
     method is a function of its own for every version of the settings a
@@ -75,7 +82,7 @@ class SettingsMethod:
         if svi is None:
             return self.fn
         settings = traced_settings(svi)
-        key = (self.fn.__name__, svi.dp_scale, svi.clipping_threshold, tuple(map(id, settings)))
+        key = settings_version(svi, self.fn.__name__, settings)
         kept = svi.__dict__.setdefault("_settings_methods", {})
         if key not in kept:
             fn = self.fn
@@ -593,8 +600,7 @@ def compiled_eager_call(svi, name, svi_state, args, kwargs, mask, expected_batch
     mask = _checked_mask(mask, B)
     warn_if_all_noise(svi, _public_batch_size(expected_batch_size, B), stacklevel=5)   # the caller of update
     settings = traced_settings(svi)
-    key = (name, svi.dp_scale, svi.clipping_threshold, tuple(map(id, settings)), treedef, expected_batch_size,
-           bool(forward_mode))
+    key = settings_version(svi, name, settings) + (treedef, expected_batch_size, bool(forward_mode))
     programs = svi.__dict__.setdefault("_eager_programs", {})
     if key not in programs:
         def call(state, leaves, mask):
