@@ -125,16 +125,17 @@ def test_lowered_for_cuda_each_double_round_is_written_once_and_no_host_call(nam
     assert "callback" not in text
 
 
-def test_the_rounds_written_out_exceed_the_bound():
+def test_the_rounds_written_out_exceed_the_bound(monkeypatch):
     # the check above has power: the ten double rounds written out (as GPUs
     # ran them before) hold ten times the xor of the loop's body
-    def written_out(state):
-        for i in range(10):
-            state = _keystream._double_round(i, state)
+    def written_out(lower, upper, body, state):
+        for i in range(lower, upper):
+            state = body(i, state)
         return state
 
+    monkeypatch.setattr(_keystream.lax, "fori_loop", written_out)
     nonce = [jnp.uint32(0)] * 3
-    text = lowered_text(lambda k: _keystream._blocks(k, jnp.arange(3, dtype=jnp.uint32), nonce, written_out),
+    text = lowered_text(lambda k: _keystream._blocks_as_rows(k, jnp.arange(3, dtype=jnp.uint32), nonce),
                         jnp.asarray(_KEY))
     assert _lowered.round_loops(text) == 0
     assert _lowered.xor_outside_round_loops(text) == 10 * _lowered.DOUBLE_ROUND_XORS
@@ -179,8 +180,38 @@ def test_cpu_optimized_block_function_is_a_few_kernels(name):
     assert text.count(" fusion(") <= 24
 
 
+def _blocks_as_sixteen_words(key, counter, nonce):
+    """The block function looped with the state held as sixteen separate words
+    (the layout GPUs ran before, and the host's NumPy block function runs)."""
+    shape = jnp.shape(counter)
+    words = ([jnp.uint32(c) for c in _keystream._CONSTANTS] + [key[i] for i in range(8)]
+             + [jnp.asarray(counter, jnp.uint32)] + list(nonce))
+    init = [jnp.broadcast_to(w, shape) for w in words]
+    out = lax.fori_loop(0, 10, lambda _, state: _keystream._double_round(state), tuple(init))
+    return jnp.stack([o + i for o, i in zip(out, init)], axis=-1)
+
+
 def test_the_sixteen_word_layout_exceeds_the_kernel_bound():
     # the check above has power: the layout of sixteen separate words, compiled for CPU
     nonce = [jnp.uint32(0)] * 3
-    fn = jax.jit(lambda k: _keystream._blocks(k, jnp.uint32(0), nonce, _keystream._rounds_looped))
-    assert fn.lower(jnp.asarray(_KEY)).compile().as_text().count(" fusion(") > 24
+    key = jnp.asarray(_KEY)
+    np.testing.assert_array_equal(np.asarray(jax.jit(_blocks_as_sixteen_words)(key, jnp.uint32(0), nonce)),
+                                  _reference_words(_KEY, 16))
+    fn = jax.jit(lambda k: _blocks_as_sixteen_words(k, jnp.uint32(0), nonce))
+    assert fn.lower(key).compile().as_text().count(" fusion(") > 24
+
+
+def test_lowered_for_cuda_the_rows_take_fewer_operations_than_sixteen_words():
+    # the state held as rows: each step of a round one operation on a row of
+    # every block; sixteen separate words take one per word (and their
+    # constants), more than twice the operations for the same block
+    def ops(fn):
+        text = lowered_text(fn, jnp.asarray(_KEY))
+        assert _lowered.round_loops(text) == 1
+        return sum(1 for line in text.splitlines() if " = " in line)
+
+    nonce = [jnp.uint32(0)] * 3
+    counter = jnp.arange(3, dtype=jnp.uint32)
+    rows = ops(lambda k: _keystream._blocks_vectorised(k, counter, nonce))
+    words = ops(lambda k: _blocks_as_sixteen_words(k, counter, nonce))
+    assert 2 * rows < words

@@ -8,17 +8,18 @@ code:
 
 - **GPUs and other accelerators** (``default`` branch): the ten double rounds
   as a loop of known trip count (``fori_loop``), each double round computed
-  once for all blocks at a time. Written out without a loop, XLA gave each
-  of the 16 output words its own fusion, which recomputed that word's whole
-  dependency chain from the key: about 25,000 optimized operations for one
-  keystream, and a step that took a minute to compile on a GPU. The loop's
-  body is one double round: the lowered program holds one copy of it.
+  once for all blocks at a time, with the state held as four rows of four
+  words (``_blocks_as_rows``, as on CPU): each step of a round is one
+  operation on a row of every block. Written out without a loop, XLA gave
+  each of the 16 output words its own fusion, which recomputed that word's
+  whole dependency chain from the key: about 25,000 optimized operations for
+  one keystream, and a step that took a minute to compile on a GPU. The
+  loop's body is one double round: the lowered program holds one copy of it
+  (one block function lowers to 139 operations; sixteen separate words took 367).
 - **CPU** (``cpu`` branch): XLA:CPU splits each written-out round into
   kernels that pass the state through memory and compiles such code slowly,
-  so the rounds stay a ``fori_loop``, with the state held as four rows of
-  four words (``_blocks_as_rows``: each step of a round one operation on a
-  row; sixteen separate words compiled into 47 to 78 kernels per call, the
-  rows into 9 to 20); a few blocks are computed one at a time (``lax.map``),
+  so the rounds stay a ``fori_loop`` on the rows (sixteen separate words
+  compiled into 47 to 78 kernels per call, the rows into 9 to 20); a few blocks are computed one at a time (``lax.map``),
   long keystreams in cache-sized tiles. Keystreams of
   :data:`HOST_MIN_BLOCKS` blocks or more come from OpenSSL's ChaCha20 (through
   the ``cryptography`` package, in a ``jax.pure_callback``), which follows
@@ -72,7 +73,9 @@ def _quarter_round(s, a, b, c, d):
     s[a], s[b], s[c], s[d] = _quarter_round_rows(s[a], s[b], s[c], s[d])
 
 
-def _double_round(_, state):
+def _double_round(state):
+    """One double round of the state held as sixteen words (the host's NumPy
+    block function, :func:`_blocks_host`)."""
     s = list(state)
     _quarter_round(s, 0, 4, 8, 12)
     _quarter_round(s, 1, 5, 9, 13)
@@ -83,24 +86,6 @@ def _double_round(_, state):
     _quarter_round(s, 2, 7, 8, 13)
     _quarter_round(s, 3, 4, 9, 14)
     return tuple(s)
-
-
-def _rounds_looped(state):
-    return lax.fori_loop(0, 10, _double_round, state)
-
-
-def _blocks(key, counter, nonce, rounds) -> jax.Array:
-    """Keystream blocks ``(*shape, 16)`` for broadcast ``counter`` and ``nonce``
-    words, with the 20 rounds computed by ``rounds``."""
-    shape = jnp.broadcast_shapes(counter.shape, *(n.shape for n in nonce))
-    init = (
-        [jnp.broadcast_to(jnp.uint32(c), shape) for c in _CONSTANTS]
-        + [jnp.broadcast_to(key[i], shape) for i in range(KEY_WORDS)]
-        + [jnp.broadcast_to(counter, shape)]
-        + [jnp.broadcast_to(n, shape) for n in nonce]
-    )
-    out = rounds(tuple(init))
-    return jnp.stack([o + i for o, i in zip(out, init)], axis=-1)
 
 
 def _quarter_round_rows(a, b, c, d):
@@ -131,12 +116,13 @@ def _double_round_rows(_, x):
 
 
 def _blocks_as_rows(key, counter, nonce) -> jax.Array:
-    """Keystream blocks ``(*shape, 16)``, as :func:`_blocks` computes them,
-    with the state held as four rows of four words for every block
-    (:func:`_double_round_rows`): each step of a round is one operation on a
-    row of every block, and XLA:CPU compiles the loop into a few kernels,
-    where sixteen separate words gave some sixty (a block function compiled
-    in about a third of the time)."""
+    """Keystream blocks ``(*shape, 16)`` for broadcast ``counter`` and
+    ``nonce`` words, with the state held as four rows of four words for
+    every block (:func:`_double_round_rows`): each step of a round is one
+    operation on a row of every block. XLA:CPU compiles the loop into a few
+    kernels, where sixteen separate words gave some sixty (a block function
+    compiled in about a third of the time); lowered for CUDA, the loop's body
+    and its set-up lower to 139 operations, where sixteen separate words took 367."""
     shape = jnp.broadcast_shapes(counter.shape, *(n.shape for n in nonce))
     n = int(np.prod(shape, dtype=np.int64))
     last = jnp.stack([jnp.broadcast_to(x, shape).reshape(n) for x in [counter, *nonce]])
@@ -167,10 +153,10 @@ def _blocks_cpu(key, counter, nonce) -> jax.Array:
 
 @jax.jit
 def _blocks_vectorised(key, counter, nonce) -> jax.Array:
-    """The block function of GPUs and other accelerators: looped rounds, all
-    blocks at once. (Jitted, as :func:`_blocks_cpu`: traced once per shape,
-    not at every use.)"""
-    return _blocks(key, counter, nonce, _rounds_looped)
+    """The block function of GPUs and other accelerators: looped rounds on the
+    state held as rows, all blocks at once. (Jitted, as :func:`_blocks_cpu`:
+    traced once per shape, not at every use.)"""
+    return _blocks_as_rows(key, counter, nonce)
 
 
 def per_platform(cpu: Callable, other: Callable, *args):
@@ -202,7 +188,7 @@ def _blocks_host(key, counter, nonce) -> np.ndarray:
             + [flat(counter)] + [flat(n) for n in nonce])
     state = tuple(init)
     for _ in range(10):
-        state = _double_round(None, state)
+        state = _double_round(state)
     return np.stack([o + i for o, i in zip(state, init)], axis=-1).reshape(shape + (16,))
 
 
