@@ -85,11 +85,39 @@ def _in_plates(msg, plates) -> bool:
     return any(frame.name in plates for frame in msg["cond_indep_stack"])
 
 
+class SharedKey(NamedTuple):
+    """The key of a step's draw shared by the batch, with the keys
+    ``fold_in(key, site)`` of the sites it draws computed once for the step
+    (:func:`shared_site_keys`), where each use would otherwise derive its own: the
+    global loss, the shared draw and every record's loss read the same keys."""
+
+    key: jax.Array
+    sites: dict
+
+
+def shared_site_keys(key, names) -> SharedKey:
+    """:class:`SharedKey` of ``key`` with the keys of the sites ``names``: one
+    Threefry evaluation for all sites (``fold_in`` under ``vmap``: the same
+    keys as ``fold_in(key, site)`` one by one)."""
+    names = sorted(names)
+    if not names:
+        return SharedKey(key, {})
+    numbers = jnp.asarray([_site_number(name) for name in names], dtype=jnp.uint32)
+    keys = jax.vmap(lambda number: jax.random.fold_in(key, number))(numbers)
+    return SharedKey(key, {name: keys[i] for i, name in enumerate(names)})
+
+
+def base_key(key):
+    """The key of a :class:`SharedKey`, or ``key`` itself."""
+    return key.key if isinstance(key, SharedKey) else key
+
+
 class SiteKeys(Messenger):
     """Gives every unobserved sample site its Monte Carlo key by name:
     ``fold_in(record_key, site)`` inside one of ``plates`` (the records),
-    ``fold_in(shared_key, site)`` outside. Sites that already have a key or
-    a value are left alone; a key given as None leaves its sites to the
+    ``fold_in(shared_key, site)`` outside (precomputed where ``shared_key`` is
+    a :class:`SharedKey` that holds the site). Sites that already have a key
+    or a value are left alone; a key given as None leaves its sites to the
     enclosing ``seed``."""
 
     def __init__(self, fn, plates, record_key, shared_key):
@@ -103,9 +131,12 @@ class SiteKeys(Messenger):
             return
         if msg["kwargs"].get("rng_key") is not None:
             return
-        base = self.record_key if _in_plates(msg, self.plates) else self.shared_key
-        if base is not None:
-            msg["kwargs"]["rng_key"] = jax.random.fold_in(base, _site_number(msg["name"]))
+        local = _in_plates(msg, self.plates)
+        base = self.record_key if local else self.shared_key
+        if not local and isinstance(base, SharedKey) and msg["name"] in base.sites:
+            msg["kwargs"]["rng_key"] = base.sites[msg["name"]]
+        elif base is not None:
+            msg["kwargs"]["rng_key"] = jax.random.fold_in(base_key(base), _site_number(msg["name"]))
 
 
 def site_losses(loss, rng_key, params, model, guide, args, kwargs) -> dict:
@@ -216,7 +247,7 @@ def record_loss_fn(svi, formulation: str, facts: SplitFacts, plates, treedef, sc
         if formulation == "shared_sample":
             model = SiteKeys(svi.model, plates, key, shared_key)
             guide = SiteKeys(svi.guide, plates, key, shared_key)
-            terms = site_losses(svi.loss, shared_key, constrained, model, guide, args, kwargs)
+            terms = site_losses(svi.loss, base_key(shared_key), constrained, model, guide, args, kwargs)
         else:
             terms = site_losses(svi.loss, key, constrained, svi.model, svi.guide, args, kwargs)
         dtype = jnp.result_type(*jax.tree.leaves(params)) if jax.tree.leaves(params) else jnp.float32
@@ -236,7 +267,7 @@ def global_loss_fn(svi, facts: SplitFacts, plates, treedef, one_record, shared_k
         kwargs = {**kwargs, **svi.static_kwargs}
         model = SiteKeys(svi.model, plates, shared_key, shared_key)
         guide = SiteKeys(svi.guide, plates, shared_key, shared_key)
-        terms = site_losses(svi.loss, shared_key, svi.constrain_fn(params), model, guide, args, kwargs)
+        terms = site_losses(svi.loss, base_key(shared_key), svi.constrain_fn(params), model, guide, args, kwargs)
         dtype = jnp.result_type(*jax.tree.leaves(params)) if jax.tree.leaves(params) else jnp.float32
         return total(terms, facts.global_sites, dtype)
 
@@ -254,7 +285,8 @@ def global_draws_fn(svi, facts: SplitFacts, plates, treedef, one_record, shared_
         args, kwargs = jax.tree.unflatten(treedef, placeholder)
         kwargs = {**kwargs, **svi.static_kwargs}
         guide = SiteKeys(svi.guide, plates, shared_key, shared_key)
-        tr = trace(seed(substitute(guide, data=svi.constrain_fn(params)), shared_key)).get_trace(*args, **kwargs)
+        tr = trace(seed(substitute(guide, data=svi.constrain_fn(params)), base_key(shared_key))).get_trace(
+            *args, **kwargs)
         return {name: tr[name]["value"] for name in facts.global_latents}
 
     return draws
@@ -305,7 +337,7 @@ def _aligned_record_loss(svi, facts, plates, treedef, scale, key_impl, shared_ke
     kwargs = {**kwargs, **svi.static_kwargs}
     model = SiteKeys(svi.model, plates, key, shared_key)
     guide = SiteKeys(substitute(svi.guide, data=z), plates, key, shared_key)
-    terms = site_losses(svi.loss, shared_key, svi.constrain_fn(params), model, guide, args, kwargs)
+    terms = site_losses(svi.loss, base_key(shared_key), svi.constrain_fn(params), model, guide, args, kwargs)
     dtype = jnp.result_type(*jax.tree.leaves(params)) if jax.tree.leaves(params) else jnp.float32
     loss = total(terms, [n for n in terms if n not in facts.global_sites], dtype)
     return loss if scale is None else loss / scale

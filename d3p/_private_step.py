@@ -336,21 +336,22 @@ def record_loss_fn(svi, treedef, scale, key_impl=None):
     return record_loss
 
 
-def step_losses(svi, params, treedef, leaves, scale, key_impl, jax_key):
+def step_losses(svi, params, treedef, leaves, scale, key_impl, shared_base):
     """``(record_loss, global_loss, shared)`` of a step under the resolved
     ``formulation``: the loss of one record (clipped); the loss of the
     data-independent sites, evaluated once per step (None under
     ``"per_record"`` or without such sites); and the key of the draw
-    shared by the batch (None under ``"per_record"``), from which
-    ``record_loss(shared)`` is the loss of one record."""
+    shared by the batch (None under ``"per_record"``: a
+    :class:`d3p._elbo_terms.SharedKey` of ``shared_base``, see
+    :func:`_record_keys`), from which ``record_loss(shared)`` is the loss of
+    one record."""
     formulation, facts = _model_facts.split_facts(svi, params, treedef, leaves, sharded=batch_layout(svi) is not None)
     svi.formulation_choice = formulation
     if formulation == "per_record":
         return record_loss_fn(svi, treedef, scale, key_impl), None, None
     plates = _model_facts.records_plates(svi, params, treedef, leaves)
-    # one key per step for the draw shared by the batch: from the step's
-    # Monte Carlo key, never from data (fold_in tag: "shared")
-    shared = jax.random.fold_in(_threefry.fast_key(jax_key), 0x5348)
+    # the keys of the sites outside the records' plates, once for the step
+    shared = _elbo_terms.shared_site_keys(shared_base, facts.global_sites | set(facts.global_latents))
 
     def record_loss(shared_key):
         return _elbo_terms.record_loss_fn(svi, formulation, facts, plates, treedef, scale, key_impl, shared_key)
@@ -396,16 +397,20 @@ def _public_batch_size(expected_batch_size, B: int):
 
 
 def _record_keys(jax_key, B: int):
-    """``(keys, key_impl)``: the Monte Carlo keys of the ``B`` records, as
-    ``jax.random.split(jax_key, B)``, computed without Threefry's rolled loops
-    (see :mod:`d3p.random._threefry`); typed keys are carried as raw data (which
-    the strategies can pad and chunk) with their implementation ``key_impl``."""
-    record_keys = jax.random.split(_threefry.fast_key(jax_key), max(B, 1))[:B]
+    """``(keys, key_impl, shared)``: the Monte Carlo keys of the ``B`` records,
+    as ``jax.random.split(jax_key, B)``, and the key of the draw shared by the
+    batch, the next key of that split (``split(jax_key, B + 1)[B]``: never a
+    record's, and independent of the data); computed in one evaluation,
+    without Threefry's rolled loops (see :mod:`d3p.random._threefry`). Typed
+    record keys are carried as raw data (which the strategies can pad and
+    chunk) with their implementation ``key_impl``."""
+    keys = jax.random.split(_threefry.fast_key(jax_key), B + 1)
+    record_keys, shared = keys[:B], keys[B]
     key_impl = None
     if jnp.issubdtype(record_keys.dtype, jax.dtypes.prng_key):
         key_impl = jax.random.key_impl(record_keys)
         record_keys = jax.random.key_data(record_keys)
-    return record_keys, key_impl
+    return record_keys, key_impl, shared
 
 
 def _step_keys(svi, key):
@@ -437,12 +442,12 @@ def noisy_gradient(svi, svi_state, args, kwargs, mask, expected_batch_size, forw
     expected_batch_size = _public_batch_size(expected_batch_size, B)
     warn_if_all_noise(svi, expected_batch_size, stacklevel=6)   # the caller of update
     C = step_threshold(svi, svi_state)
-    record_keys, key_impl = _record_keys(jax_key, B)
+    record_keys, key_impl, shared_base = _record_keys(jax_key, B)
     params = svi.optim.get_params(svi_state.optim_state)
     with _model_facts.model_errors_explained(svi, args, kwargs):
         # a public constant (None without clip_unscaled_observations): see _model_facts.observation_scale
         scale = _model_facts.observation_scale(svi, params, treedef, records)
-        loss_fn, global_loss, shared = step_losses(svi, params, treedef, records, scale, key_impl, jax_key)
+        loss_fn, global_loss, shared = step_losses(svi, params, treedef, records, scale, key_impl, shared_base)
         result, noisy_sum = private_sum(svi, loss_fn, params, (record_keys, list(records)), mask, forward_mode,
                                         noise_key, C, shared)
     # the public normalisation: N / B when the per-record losses were divided

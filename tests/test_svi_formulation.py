@@ -23,7 +23,7 @@ from numpyro.infer import RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
 from numpyro.infer.autoguide import AutoDelta
 
 import d3p.random
-from d3p import _elbo_terms
+from d3p import _elbo_terms, _private_step
 from d3p._paper_models import (
     hierarchical_logistic_regression_guide,
     hierarchical_logistic_regression_model,
@@ -31,7 +31,6 @@ from d3p._paper_models import (
     logistic_regression_model,
     make_vae,
 )
-from d3p.random import _threefry
 from d3p.svi import DPSVI
 
 N = 40
@@ -61,11 +60,11 @@ def moved(svi, state, params):
     return state._replace(optim_state=svi.optim.init(params))
 
 
-def shared_key(state):
-    """The key of the draw shared by the batch in the step from ``state``
-    (as in d3p._private_step.step_losses)."""
+def shared_key(state, B):
+    """The key of the draw shared by a batch of ``B`` records in the step from
+    ``state`` (as in d3p._private_step._record_keys: the key after the records')."""
     jax_key = d3p.random.convert_to_jax_rng_key(state.rng_key)   # d3p._private_step._step_keys
-    return jax.random.fold_in(_threefry.fast_key(jax_key), 0x5348)
+    return jax.random.split(jax_key, B + 1)[B]
 
 
 def numpyro_gradient(model, guide, key, plates, params, *args, **kwargs):
@@ -91,13 +90,57 @@ def test_shared_sample_is_numpyros_full_data_elbo_gradient():
     state = moved(svi, state, params)
     got, loss = gradient(svi, state, xs, ys)
     assert svi.formulation_choice == "shared_sample"
-    key = shared_key(state)
+    key = shared_key(state, len(xs))
     expected = numpyro_gradient(logistic_regression_model, logistic_regression_guide, key, {"batch"}, params,
                                 xs, ys, N=N)
     np.testing.assert_allclose(flat(got), flat(expected), rtol=2e-5, atol=2e-5)
     m = _elbo_terms.SiteKeys(logistic_regression_model, {"batch"}, key, key)
     g = _elbo_terms.SiteKeys(logistic_regression_guide, {"batch"}, key, key)
     np.testing.assert_allclose(float(loss), float(Trace_ELBO().loss(key, params, m, g, xs, ys, N=N)), rtol=1e-5)
+
+
+def _data_of(key):
+    return np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key)
+
+
+@pytest.mark.parametrize("B", [0, 1, 7])
+def test_a_steps_record_keys_and_shared_key_are_one_split_of_its_monte_carlo_key(B):
+    """The records' keys are ``jax.random.split(jax_key, B)`` and the shared
+    draw's key the next one of ``split(jax_key, B + 1)`` (JAX's generator
+    called directly): never a record's key."""
+    jax_key = d3p.random.convert_to_jax_rng_key(d3p.random.PRNGKey(3))
+    keys, key_impl, shared = _private_step._record_keys(jax_key, B)
+    expected = np.asarray(jax.random.split(jax_key, B + 1))
+    np.testing.assert_array_equal(np.asarray(keys), expected[:B])
+    np.testing.assert_array_equal(_data_of(shared), expected[B])
+    assert not any(np.array_equal(_data_of(shared), k) for k in np.asarray(keys))
+
+
+def test_the_shared_sites_keys_are_derived_once_and_are_fold_ins_of_the_shared_key():
+    """Sites outside the records' plates get ``fold_in(shared_key, site)``,
+    computed once per step for all of them; sites inside get
+    ``fold_in(record_key, site)``, also where the record key is the shared key
+    (the global loss on its placeholder record)."""
+    shared = jax.random.split(d3p.random.convert_to_jax_rng_key(d3p.random.PRNGKey(5)), 3)[2]
+    record = jax.random.PRNGKey(11)
+    keys = _elbo_terms.shared_site_keys(shared, {"w", "tau"})
+
+    def model():
+        numpyro.sample("w", dist.Normal(0.0, 1.0))
+        numpyro.sample("tau", dist.Normal(0.0, 1.0))
+        with numpyro.plate("batch", 1):
+            numpyro.sample("z", dist.Normal(0.0, 1.0))
+
+    def site_key(name):
+        return _data_of(jax.random.fold_in(shared, _elbo_terms._site_number(name)))
+
+    for record_key, z_base in [(record, record), (keys, shared)]:
+        tr = numpyro.handlers.trace(_elbo_terms.SiteKeys(model, {"batch"}, record_key, keys)).get_trace()
+        for name in ("w", "tau"):
+            np.testing.assert_array_equal(_data_of(tr[name]["kwargs"]["rng_key"]), site_key(name))
+            assert tr[name]["kwargs"]["rng_key"] is keys.sites[name]   # the step's, not derived again
+        np.testing.assert_array_equal(_data_of(tr["z"]["kwargs"]["rng_key"]),
+                                      _data_of(jax.random.fold_in(z_base, _elbo_terms._site_number("z"))))
 
 
 @pytest.mark.parametrize("formulation", ["own_sample", pytest.param("shared_sample", marks=pytest.mark.slow)])
@@ -241,7 +284,7 @@ def test_shared_sample_hierarchical_model_only_site_is_drawn_once():
     state = moved(svi, state, params)
     got, _ = gradient(svi, state, xs, ys, ls)
     expected = numpyro_gradient(hierarchical_logistic_regression_model, hierarchical_logistic_regression_guide,
-                                shared_key(state), {"batch"}, params, xs, ys, ls, N=200, gs=svi.static_kwargs["gs"])
+                                shared_key(state, B), {"batch"}, params, xs, ys, ls, N=200, gs=svi.static_kwargs["gs"])
     np.testing.assert_allclose(flat(got), flat(expected), rtol=2e-5, atol=2e-4)
 
 
