@@ -62,7 +62,8 @@ def moved(svi, state, params):
 
 def shared_key(state, B):
     """The key of the draw shared by a batch of ``B`` records in the step from
-    ``state`` (as in d3p._private_step._record_keys: the key after the records')."""
+    ``state`` (as in d3p._private_step._record_keys: the key of the split of
+    ``B + 1`` after the records')."""
     jax_key = d3p.random.convert_to_jax_rng_key(state.rng_key)   # d3p._private_step._step_keys
     return jax.random.split(jax_key, B + 1)[B]
 
@@ -124,6 +125,8 @@ def test_the_shared_sites_keys_are_derived_once_and_are_fold_ins_of_the_shared_k
     shared = jax.random.split(d3p.random.convert_to_jax_rng_key(d3p.random.PRNGKey(5)), 3)[2]
     record = jax.random.PRNGKey(11)
     keys = _elbo_terms.shared_site_keys(shared, {"w", "tau"})
+    one = _elbo_terms.shared_site_keys(shared, {"w"})
+    np.testing.assert_array_equal(_data_of(one.sites["w"]), _data_of(keys.sites["w"]))
 
     def model():
         numpyro.sample("w", dist.Normal(0.0, 1.0))

@@ -154,8 +154,8 @@ def test_plate_scaling_with_a_shared_guide_sample_is_numpyros_minibatch_gradient
 
     real_split = jax.random.split
 
-    def same_keys(k, num=2):   # the step's split: the B records' keys and the shared draw's
-        return jnp.stack([key] * num) if num == B + 1 else real_split(k, num)
+    def same_keys(k, num=2):
+        return jnp.stack([key] * num) if num == B else real_split(k, num)
 
     params = svi.get_params(state)
     try:
