@@ -19,8 +19,9 @@ code:
 - **CPU** (``cpu`` branch): XLA:CPU splits each written-out round into
   kernels that pass the state through memory and compiles such code slowly,
   so the rounds stay a ``fori_loop`` on the rows (sixteen separate words
-  compiled into 47 to 78 kernels per call, the rows into 9 to 20); a few blocks are computed one at a time (``lax.map``),
-  long keystreams in cache-sized tiles. Keystreams of
+  compiled into 47 to 78 kernels per call, the rows into 9 to 20); a few
+  blocks are computed one at a time (``lax.map``), long keystreams in
+  cache-sized tiles. Keystreams of
   :data:`HOST_MIN_BLOCKS` blocks or more come from OpenSSL's ChaCha20 (through
   the ``cryptography`` package, in a ``jax.pure_callback``), which follows
   RFC 8439 and so yields the same words for the same key, nonce and counter;
