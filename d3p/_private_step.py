@@ -343,7 +343,7 @@ def step_losses(svi, params, treedef, leaves, scale, key_impl, shared_base):
     ``"per_record"`` or without such sites); and the key of the draw
     shared by the batch (None under ``"per_record"``: a
     :class:`d3p._elbo_terms.SharedKey` of ``shared_base``, see
-    :func:`_record_keys`), from which ``record_loss(shared)`` is the loss of
+    :func:`_monte_carlo_keys`), from which ``record_loss(shared)`` is the loss of
     one record."""
     formulation, facts = _model_facts.split_facts(svi, params, treedef, leaves, sharded=batch_layout(svi) is not None)
     svi.formulation_choice = formulation
@@ -396,19 +396,16 @@ def _public_batch_size(expected_batch_size, B: int):
     return _public_number(_validate.positive, "expected_batch_size", expected_batch_size)
 
 
-def _record_keys(jax_key, B: int):
-    """``(keys, key_impl, shared)``: the Monte Carlo keys of the ``B`` records,
-    as ``jax.random.split(jax_key, B)``, computed without Threefry's rolled
-    loops (see :mod:`d3p.random._threefry`), and the key of the draw shared
-    by the batch, ``fold_in(jax_key, B)`` (with JAX's default Threefry, the
-    key that ``split(jax_key, B + 1)`` gives after the records': never a
-    record's; independent of the data). Typed record keys are carried as raw
-    data (which the strategies can pad and chunk) with their implementation
-    ``key_impl``. (One split of ``B + 1`` keys for both lowered to more
-    operations, for CPU and for CUDA, than a split and a ``fold_in``.)"""
-    key = _threefry.fast_key(jax_key)
-    record_keys = jax.random.split(key, max(B, 1))[:B]
-    shared = jax.random.fold_in(key, B)
+def _monte_carlo_keys(jax_keys, B: int):
+    """``(keys, key_impl, shared)`` of ``B + 1`` JAX keys: the Monte Carlo
+    keys of the ``B`` records and the key of the draw shared by the batch
+    (the last; never a record's, independent of the data), with the
+    loop-free Threefry implementation where it gives the same values (see
+    :mod:`d3p.random._threefry`). Typed record keys are carried as raw data
+    (which the strategies can pad and chunk) with their implementation
+    ``key_impl``."""
+    keys = _threefry.fast_key(jax_keys)
+    record_keys, shared = keys[:B], keys[B]
     key_impl = None
     if jnp.issubdtype(record_keys.dtype, jax.dtypes.prng_key):
         key_impl = jax.random.key_impl(record_keys)
@@ -416,36 +413,44 @@ def _record_keys(jax_key, B: int):
     return record_keys, key_impl, shared
 
 
-def _step_keys(svi, key):
-    """``(next_key, noise_key, count_key, jax_key)`` of a step from its state's ``key``:
-    the next state's key, the noise's, adaptive clipping's count noise's (None
-    without adaptive clipping) and the Monte Carlo draws' key for ``jax.random``,
-    all independent. With a suite that has ``split_with_jax_key`` (both of
-    d3p's) they come from one call of it: with ChaCha20, one block-function
-    loop in the compiled step; a suite with the plain interface splits one key
-    more and converts it."""
+def _step_keys(svi, key, B: int):
+    """``(next_key, noise_key, count_key, monte_carlo)`` of a step from its
+    state's ``key``: the next state's key, the noise's, adaptive clipping's
+    count noise's (None without adaptive clipping), all independent, and
+    the Monte Carlo keys of :func:`_monte_carlo_keys` (``B`` records' and the
+    shared draw's, for ``jax.random``). With a suite that has
+    ``split_with_jax_keys`` (both of d3p's) they all come from one call of
+    it: with ChaCha20, one block-function loop in the compiled step and no
+    Threefry of d3p's. A suite with the plain interface splits one key
+    more, converts it and splits that JAX key into ``B + 1``."""
     num = 2 if svi.adaptive_clipping is None else 3
-    both = getattr(svi.rng_suite, "split_with_jax_key", None)
-    if both is not None:
-        keys, jax_key = both(key, num)
+    many = getattr(svi.rng_suite, "split_with_jax_keys", None)
+    if many is not None:
+        keys, jax_keys = many(key, num, B + 1)
     else:
         keys = svi.rng_suite.split(key, num + 1)
-        jax_key = svi.rng_suite.convert_to_jax_rng_key(keys[num])
-    return keys[0], keys[1], (keys[2] if num == 3 else None), jax_key
+        jax_key = _threefry.fast_key(svi.rng_suite.convert_to_jax_rng_key(keys[num]))
+        jax_keys = jax.random.split(jax_key, B + 1)
+    return keys[0], keys[1], (keys[2] if num == 3 else None), _monte_carlo_keys(jax_keys, B)
+
+
+def step_shared_key(svi, rng_key, B: int):
+    """The key of the draw shared by a batch of ``B`` records in a step from
+    a state whose key is ``rng_key`` (:func:`_step_keys`)."""
+    return _step_keys(svi, suite_key(svi.rng_suite, rng_key, "svi_state.rng_key"), B)[3][2]
 
 
 def noisy_gradient(svi, svi_state, args, kwargs, mask, expected_batch_size, forward_mode):
     """``(state, noisy_gradient, loss)`` of one step (see :meth:`DPSVI.update`);
     ``state`` has the new key and observation scale, the old optimizer state."""
     check_state(svi_state)
-    rng_key, noise_key, count_key, jax_key = _step_keys(
-        svi, suite_key(svi.rng_suite, svi_state.rng_key, "svi_state.rng_key"))
+    key = suite_key(svi.rng_suite, svi_state.rng_key, "svi_state.rng_key")
     records, treedef, B = _records(args, kwargs)
+    rng_key, noise_key, count_key, (record_keys, key_impl, shared_base) = _step_keys(svi, key, B)
     mask = _checked_mask(mask, B)
     expected_batch_size = _public_batch_size(expected_batch_size, B)
     warn_if_all_noise(svi, expected_batch_size, stacklevel=6)   # the caller of update
     C = step_threshold(svi, svi_state)
-    record_keys, key_impl, shared_base = _record_keys(jax_key, B)
     params = svi.optim.get_params(svi_state.optim_state)
     with _model_facts.model_errors_explained(svi, args, kwargs):
         # a public constant (None without clip_unscaled_observations): see _model_facts.observation_scale

@@ -119,8 +119,8 @@ class DPSVI(SVI):
         (``jax.random.key``, ``jax.random.PRNGKey``), converted by
         :func:`d3p.random.as_key` (the noise stays ChaCha20's, as secret as
         the key: docs/privacy.md, "Keys"). The records' Monte Carlo samples come from JAX's default
-        generator, one key per record from ``rng_suite.convert_to_jax_rng_key``
-        (they carry no privacy role).
+        generator, a key per record and one for the draw the batch shares, from
+        ``rng_suite.split_with_jax_keys`` (else ``convert_to_jax_rng_key``); no privacy role.
     :param bool clip_unscaled_observations: see step 1 (default True); with
         False, ``C`` bounds ``N`` times a record's term and step 4 uses ``1 / B``.
     :param str gradient_strategy: how per-record gradients are formed:
@@ -412,7 +412,7 @@ class DPSVI(SVI):
         """The ELBO loss on the given data at the current parameters.
 
         NOT private: it is computed from the un-noised data. Its Monte Carlo
-        draws are those of a step from ``svi_state`` (never from a noise key).
+        draws are keyed as a step's shared draw from ``svi_state`` (never by a noise key).
 
         :param DPSVIState svi_state: current state.
         :param args: per-record data, as for :meth:`update` (lists, tuples
@@ -420,8 +420,8 @@ class DPSVI(SVI):
         :param kwargs: per-record keyword data, as for :meth:`update`.
         """
         check_state(svi_state)
-        records, treedef, _ = _records(args, kwargs)
-        jax_key = _private_step._step_keys(self, suite_key(self.rng_suite, svi_state.rng_key, "svi_state.rng_key"))[3]
+        records, treedef, B = _records(args, kwargs)
+        jax_key = _private_step.step_shared_key(self, svi_state.rng_key, B)
         params = self.get_params(svi_state)
 
         def loss(records):

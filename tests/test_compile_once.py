@@ -272,8 +272,9 @@ def test_a_run_at_another_q_with_the_same_padded_batch_reuses_the_compiled_steps
     for a, b in zip(_leaves(second), _leaves(reference)):
         np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
     # a program stuck at the first run's q (its table or its q N) would
-    # release the first run's values: the same key, σ and C
-    assert all(not np.allclose(a, b, rtol=1e-3) for a, b in zip(_leaves(first), _leaves(reference)))
+    # release the first run's values: the same key, σ and C (every value moves
+    # by far more than the tolerance above: the mean's by 7e-4 of itself)
+    assert all(not np.allclose(a, b, rtol=1e-4) for a, b in zip(_leaves(first), _leaves(reference)))
 
 
 def test_asking_for_another_epsilon_with_the_automatic_q_compiles_nothing(caplog):

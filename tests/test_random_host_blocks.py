@@ -20,6 +20,7 @@ from d3p.random import _common
 from d3p.random._common import unstacked
 
 from _backend import traced_programs
+from _lowered import lowered_text, other_loops, round_loops
 
 # RFC 8439, section 2.3.2: key 00 01 .. 1f, counter 1, nonce 00:00:00:09:00:00:00:4a:00:00:00:00
 _RFC_KEY = np.frombuffer(bytes(range(32)), dtype="<u4").astype(np.uint32)
@@ -136,21 +137,76 @@ def test_split_with_jax_key_gives_the_keys_of_split_and_convert_to_jax_rng_key(n
         d3p.random.split_with_jax_key(key, 0)
 
 
-def test_split_with_jax_key_is_one_block_function_call(monkeypatch):
+def test_split_with_jax_key_and_keys_are_one_block_function_call(monkeypatch):
     calls = []
     real = _keystream.chacha20_block
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         calls.append(args)
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(_keystream, "chacha20_block", counted)
     jax.jit(lambda k: d3p.random.split_with_jax_key(k, 3)).trace(d3p.random.PRNGKey(0))   # a fresh trace
+    assert len(calls) == 1
+    calls.clear()
+    jax.jit(lambda k: d3p.random.split_with_jax_keys(k, 3, 129)).trace(d3p.random.PRNGKey(0))
     assert len(calls) == 1
     # power: the two functions it stands for are two calls
     calls.clear()
     jax.jit(lambda k: (d3p.random.split(k, 3), d3p.random.convert_to_jax_rng_key(k))).trace(d3p.random.PRNGKey(0))
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("count", [1, 8, 9, 17, 257])
+@pytest.mark.parametrize("where", ["host", "traced"])
+def test_split_with_jax_keys_gives_split_and_the_keystream_of_convert_to_jax_rng_key(count, where):
+    """The JAX keys are the words of the keystream under nonce (3, 0, 0), block
+    counters 0, 1, ... (the host block function, RFC 8439's), two words a key:
+    the first is convert_to_jax_rng_key's, and past 8 keys a second block."""
+    key = d3p.random.PRNGKey(40 + count)
+    if where == "host":
+        keys, jax_keys = d3p.random.split_with_jax_keys(key, 3, count)
+    else:
+        keys, jax_keys = jax.jit(d3p.random.split_with_jax_keys, static_argnums=(1, 2))(key, 3, count)
+    blocks = _keystream._blocks_host(np.asarray(key), np.arange(-(-2 * count // 16), dtype=np.uint32),
+                                     (np.uint32(3), np.uint32(0), np.uint32(0)))
+    np.testing.assert_array_equal(np.asarray(jax_keys), blocks.reshape(-1)[:2 * count].reshape(count, 2))
+    np.testing.assert_array_equal(np.asarray(jax_keys[0]), np.asarray(d3p.random.convert_to_jax_rng_key(key)))
+    np.testing.assert_array_equal(np.asarray(keys), np.asarray(d3p.random.split(key, 3)))
+    assert jax_keys.dtype == jnp.uint32 and len({tuple(k) for k in np.asarray(jax_keys)}) == count
+    with pytest.raises(ValueError, match="count >= 1"):
+        d3p.random.split_with_jax_keys(key, 3, 0)
+    with pytest.raises(ValueError, match="num >= 1"):
+        d3p.random.split_with_jax_keys(key, 0, 2)
+
+
+def test_a_steps_keys_are_one_block_at_a_time_on_cpu():
+    """For a step's keys (256 records: 33 blocks and the step's own) the CPU
+    block function loops over single blocks, which compiles in about half the
+    time of rounds vectorised over the blocks (tests/_lowered.py: a loop
+    other than the double rounds'); a long keystream keeps the vectorised
+    rounds."""
+    key = d3p.random.PRNGKey(0)
+    keys_text = lowered_text(lambda k: d3p.random.split_with_jax_keys(k, 2, 257), key, platform="cpu")
+    assert round_loops(keys_text) == 1 and other_loops(keys_text) == 1
+    blocks_text = lowered_text(lambda k: _keystream.chacha20_block(k, jnp.arange(35, dtype=jnp.uint32), (1, 0, 0)),
+                               key, platform="cpu")
+    assert round_loops(blocks_text) == 1 and other_loops(blocks_text) == 0
+
+
+@pytest.mark.filterwarnings("ignore::d3p.random.debug.DebugRNGWarning")
+@pytest.mark.parametrize("typed", [False, True])
+def test_the_debug_suites_split_with_jax_keys_splits_its_jax_key(typed):
+    key = jax.random.key(6) if typed else d3p.random.debug.PRNGKey(6)
+    keys, jax_keys = d3p.random.debug.split_with_jax_keys(key, 2, 5)
+    parent = jax.random.split(key, 3)
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(keys) if typed else keys),
+                                  np.asarray(jax.random.key_data(parent[:2]) if typed else parent[:2]))
+    want = jax.random.split(parent[2], 5)
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(jax_keys) if typed else jax_keys),
+                                  np.asarray(jax.random.key_data(want) if typed else want))
+    with pytest.raises(ValueError, match="count >= 1"):
+        d3p.random.debug.split_with_jax_keys(key, 2, 0)
 
 
 def test_the_debug_suites_split_with_jax_key_is_jax_splitting_once_more():

@@ -33,6 +33,8 @@ from d3p._paper_models import (
 )
 from d3p.svi import DPSVI
 
+import _step_keys
+
 N = 40
 
 
@@ -62,10 +64,9 @@ def moved(svi, state, params):
 
 def shared_key(state, B):
     """The key of the draw shared by a batch of ``B`` records in the step from
-    ``state`` (as in d3p._private_step._record_keys: the key of the split of
-    ``B + 1`` after the records')."""
-    jax_key = d3p.random.convert_to_jax_rng_key(state.rng_key)   # d3p._private_step._step_keys
-    return jax.random.split(jax_key, B + 1)[B]
+    ``state`` (d3p._private_step._step_keys: the JAX key after the records'
+    of the state's key, tests/_step_keys.py)."""
+    return jnp.asarray(_step_keys.shared_key(state.rng_key, B))
 
 
 def numpyro_gradient(model, guide, key, plates, params, *args, **kwargs):
@@ -104,17 +105,71 @@ def _data_of(key):
     return np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key)
 
 
-@pytest.mark.parametrize("B", [0, 1, 7])
-def test_a_steps_record_keys_and_shared_key_are_one_split_of_its_monte_carlo_key(B):
-    """The records' keys are ``jax.random.split(jax_key, B)`` and the shared
-    draw's key the next one of ``split(jax_key, B + 1)`` (JAX's generator
-    called directly): never a record's key."""
-    jax_key = d3p.random.convert_to_jax_rng_key(d3p.random.PRNGKey(3))
-    keys, key_impl, shared = _private_step._record_keys(jax_key, B)
-    expected = np.asarray(jax.random.split(jax_key, B + 1))
+class _PlainSuite:
+    """The ChaCha20 suite with the plain interface only (no ``split_with_jax_key(s)``)."""
+
+    def __getattr__(self, name):
+        if name.startswith("split_with_jax_key"):
+            raise AttributeError(name)
+        return getattr(d3p.random, name)
+
+
+@pytest.mark.filterwarnings("ignore::d3p.random.debug.DebugRNGWarning")
+@pytest.mark.parametrize("suite", ["chacha20", "debug", "plain"])
+@pytest.mark.parametrize("B", [0, 1, 7, 9])
+def test_a_steps_monte_carlo_keys_are_b_plus_one_keys_of_its_state_key(B, suite):
+    """A step's records' keys and the shared draw's key are ``B + 1`` JAX keys
+    of the state's key, the shared one last (never a record's): with ChaCha20,
+    the words of the keystream under nonce (3, 0, 0) (tests/_step_keys.py; 9
+    records' keys take two blocks); with the debugging suite and with a suite
+    of the plain interface, ``jax.random.split`` of the JAX key derived from
+    the state's key (JAX's generator called directly)."""
+    rng_suite = {"chacha20": d3p.random, "debug": d3p.random.debug, "plain": _PlainSuite()}[suite]
+    svi = DPSVI(logistic_regression_model, logistic_regression_guide, numpyro.optim.SGD(1.0), Trace_ELBO(),
+                1.0, 1.0, rng_suite=rng_suite)
+    key = rng_suite.PRNGKey(3)
+    next_key, noise_key, count_key, (keys, key_impl, shared) = _private_step._step_keys(svi, key, B)
+    if suite == "chacha20":
+        expected = _step_keys.jax_key_words(key, B + 1)
+    elif suite == "debug":
+        expected = np.asarray(jax.random.split(jax.random.split(key, 3)[2], B + 1))
+    else:
+        expected = np.asarray(jax.random.split(d3p.random.convert_to_jax_rng_key(d3p.random.split(key, 3)[2]), B + 1))
     np.testing.assert_array_equal(np.asarray(keys), expected[:B])
     np.testing.assert_array_equal(_data_of(shared), expected[B])
+    assert keys.shape == (B, 2) and count_key is None
     assert not any(np.array_equal(_data_of(shared), k) for k in np.asarray(keys))
+    # the step's own keys are split's, as before
+    np.testing.assert_array_equal(np.asarray(next_key), np.asarray(rng_suite.split(key, 2)[0]))
+    np.testing.assert_array_equal(np.asarray(noise_key), np.asarray(rng_suite.split(key, 2)[1]))
+
+
+@pytest.mark.parametrize("formulation", ["per_record", "own_sample"])
+def test_with_chacha20_a_step_evaluates_no_threefry_for_its_monte_carlo_keys(formulation, monkeypatch):
+    """The records' and the shared draw's keys are words of the ChaCha20 call
+    that gives the step's own keys: the step evaluates Threefry (d3p's
+    loop-free one, counted where it is traced: the implementation's functions
+    run where the step is lowered) only for the model's and the guide's
+    draws, fewer than with a suite of the plain interface, whose step splits
+    a JAX key into ``B + 1``."""
+    from d3p.random import _threefry
+
+    calls = []
+    real = _threefry.threefry2x32
+    monkeypatch.setattr(_threefry, "threefry2x32", lambda *a: calls.append(1) or real(*a))
+    xs, ys = data(B=8)
+
+    def evaluations(rng_suite):
+        svi = DPSVI(logistic_regression_model, logistic_regression_guide, numpyro.optim.SGD(1.0), Trace_ELBO(),
+                    1.0, 1.0, rng_suite=rng_suite, formulation=formulation, N=N)
+        state = svi.init(d3p.random.PRNGKey(4), xs, ys)
+        calls.clear()
+        jax.jit(svi.update).trace(state, xs, ys).lower()
+        return len(calls)
+
+    chacha = evaluations(d3p.random)
+    assert chacha >= 1   # the guide's draws
+    assert evaluations(_PlainSuite()) > chacha
 
 
 def test_the_shared_sites_keys_are_derived_once_and_are_fold_ins_of_the_shared_key():

@@ -61,8 +61,8 @@ def test_lowered_for_cuda_a_dpsvi_step_loops_over_double_rounds_only_and_has_no_
 
     text = lowered_text(step, state, mask, *batch)
     assert other_loops(text) == 0
-    # two block functions: the step's keys with its Monte Carlo key (one call of
-    # split_with_jax_key, where split and convert_to_jax_rng_key took two), and the noise
+    # two block functions: the step's keys with its Monte Carlo keys (one call of
+    # split_with_jax_keys, where split and convert_to_jax_rng_key took two), and the noise
     assert round_loops(text) == 2
     assert "callback" not in text
     # power: the CPU program of the same step has other loops (few blocks one at a time)

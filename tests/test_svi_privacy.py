@@ -20,9 +20,12 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoDelta
 
 import d3p.random
+from d3p import _private_step
 from d3p._paper_models import logistic_regression_guide as guide
 from d3p._paper_models import logistic_regression_model as model
 from d3p.svi import DPSVI
+
+import _step_keys
 
 N = 1000
 
@@ -98,25 +101,31 @@ def test_no_privacy_trajectory_equals_numpyro_svi():
 
 def _record_keys(svi, state, B):
     """The per-record Monte Carlo keys DPSVI.update uses (d3p._private_step._step_keys:
-    the JAX key of the state's key, beside the keys of its split)."""
-    return jax.random.split(d3p.random.convert_to_jax_rng_key(state.rng_key), B)
+    the first ``B`` JAX keys of the state's key, from the block function, tests/_step_keys.py)."""
+    return jnp.asarray(_step_keys.record_keys(state.rng_key, B))
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_evaluate_draws_with_the_steps_monte_carlo_key_never_from_a_noise_key(adaptive, monkeypatch):
-    """``evaluate`` reads the key a step from the same state takes its Monte Carlo draws with
+    """``evaluate`` reads the key of the draw a step from the same state shares across the batch
     (d3p._private_step._step_keys), not one derived from a key its noise comes from."""
     xs, ys = data(B=8)
     svi = make(1.0, 1.0, adaptive_clipping=True if adaptive else None)
     state = svi.init(d3p.random.PRNGKey(3), xs, ys)
     seen = []
     real = svi.loss.loss
-    monkeypatch.setattr(svi.loss, "loss", lambda key, *a, **k: seen.append(np.asarray(key)) or real(key, *a, **k))
+
+    def spy(key, *args, **kwargs):
+        seen.append(np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key))
+        return real(key, *args, **kwargs)
+
+    monkeypatch.setattr(svi.loss, "loss", spy)
     svi.evaluate(state, xs, ys)
-    np.testing.assert_array_equal(seen[0], np.asarray(d3p.random.convert_to_jax_rng_key(state.rng_key)))
+    np.testing.assert_array_equal(seen[0], _step_keys.shared_key(state.rng_key, 8))
     # power: the keys the step's noise and the next state come from, and their Monte Carlo keys, differ from it
     for k in d3p.random.split(state.rng_key, 3 if adaptive else 2):
         assert not np.array_equal(seen[0], np.asarray(d3p.random.convert_to_jax_rng_key(k)))
+        assert not any(np.array_equal(seen[0], w) for w in _step_keys.jax_key_words(k, 9))
 
 
 def test_plate_scaling_equals_full_data_elbo_gradient_for_same_guide_samples():
@@ -141,7 +150,7 @@ def test_plate_scaling_equals_full_data_elbo_gradient_for_same_guide_samples():
     np.testing.assert_allclose(flat(got), flat(expected), rtol=2e-4, atol=1e-4)
 
 
-def test_plate_scaling_with_a_shared_guide_sample_is_numpyros_minibatch_gradient():
+def test_plate_scaling_with_a_shared_guide_sample_is_numpyros_minibatch_gradient(monkeypatch):
     """formulation="per_record" with every record using the same guide sample: the
     DP gradient (sigma = 0, C = inf) is exactly numpyro's minibatch ELBO gradient on
     the batch (the prior's weight 1/N per record adds up to NumPyro's)."""
@@ -150,21 +159,22 @@ def test_plate_scaling_with_a_shared_guide_sample_is_numpyros_minibatch_gradient
     svi = make(float("inf"), 0.0, formulation="per_record")
     state = svi.init(d3p.random.PRNGKey(2), xs, ys)
     key = jax.random.PRNGKey(7)
-    import d3p.svi as svi_module
+    real = _private_step._monte_carlo_keys
 
-    real_split = jax.random.split
-
-    def same_keys(k, num=2):
-        return jnp.stack([key] * num) if num == B else real_split(k, num)
+    def same_keys(jax_keys, B):   # every record's Monte Carlo key is `key` (raw data, as the step carries them)
+        keys, key_impl, shared = real(jax_keys, B)
+        return jnp.broadcast_to(key, keys.shape), key_impl, shared
 
     params = svi.get_params(state)
-    try:
-        svi_module.jax.random.split = same_keys
-        got, _ = sgd_step_gradient(svi, state, xs, ys)
-    finally:
-        svi_module.jax.random.split = real_split
+    monkeypatch.setattr(_private_step, "_monte_carlo_keys", same_keys)
+    got, _ = sgd_step_gradient(svi, state, xs, ys)
     expected = jax.jit(jax.grad(lambda p: Trace_ELBO().loss(key, p, model, guide, xs, ys, N=N)))(params)
     np.testing.assert_allclose(flat(got), flat(expected), rtol=2e-4, atol=1e-4)
+    # power: with the step's own keys (one per record) the gradient is another
+    monkeypatch.setattr(_private_step, "_monte_carlo_keys", real)
+    fresh = make(float("inf"), 0.0, formulation="per_record")   # a program of its own, traced with them
+    own, _ = sgd_step_gradient(fresh, fresh.init(d3p.random.PRNGKey(2), xs, ys), xs, ys)
+    assert not np.allclose(flat(own), flat(expected), rtol=2e-4, atol=1e-4)
 
 
 def _noise(svi, state, xs, ys, **kw):

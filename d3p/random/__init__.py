@@ -13,7 +13,8 @@ given.
 
 Both suites also have :func:`split_with_jax_key` (``split`` and
 ``convert_to_jax_rng_key`` of one key, independent of each other; with ChaCha20
-from one call of the block function) and :func:`stream_words` (independent
+from one call of the block function), :func:`split_with_jax_keys` (the same
+with as many JAX keys as asked for) and :func:`stream_words` (independent
 streams of 32-bit words of one key, in one call), with which a private step
 takes its keys and a sampler its words; a suite with the plain interface
 does without them (``d3p._private_step``, :func:`d3p.random._common.stream_words`).
@@ -32,6 +33,7 @@ from d3p.random.chacha import (  # noqa: F401 (re-exported, see __all__)
     random_bits,
     split,
     split_with_jax_key,
+    split_with_jax_keys,
     stream_words,
     uniform,
 )
@@ -39,4 +41,5 @@ from d3p.random.chacha import (  # noqa: F401 (re-exported, see __all__)
 from d3p.random.discrete import discrete_gaussian
 from d3p.random.host import normal_float64
 
-__all__ = [*SUITE_API, "as_key", "debug", "discrete_gaussian", "normal_float64", "split_with_jax_key", "stream_words"]
+__all__ = [*SUITE_API, "as_key", "debug", "discrete_gaussian", "normal_float64", "split_with_jax_key",
+           "split_with_jax_keys", "stream_words"]

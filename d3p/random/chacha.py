@@ -12,7 +12,8 @@ the same words (see :mod:`d3p.random._keystream`).
 A key of this suite is a ``uint32`` array of shape ``(8,)``: a 256-bit ChaCha20
 key. Every output is ChaCha20's keystream for that key under a nonce that
 separates purposes, so no two functions of the suite ever read the same part
-of one stream:
+of one stream (but :func:`split_with_jax_key` and :func:`split_with_jax_keys`,
+which give ``split``'s and ``convert_to_jax_rng_key``'s words in one call):
 
 ==========================  ==================  ============================
 purpose                     nonce (3 words)     block counter
@@ -21,12 +22,14 @@ purpose                     nonce (3 words)     block counter
 ``split``                   ``(1, 0, 0)``       index of the child key
 ``fold_in(key, data)``      ``(2, data, 0)``    0
 ``convert_to_jax_rng_key``  ``(3, 0, 0)``       0
+``split_with_jax_keys``     ``(3, 0, 0)``       0, 1, 2, ... (its first JAX key is the row above's)
 ``as_key`` of a JAX key     ``(4, n, 0)``       0 (keyed by the JAX key)
 ``stream_words`` stream j   ``(5, data, j)``    0, 1, 2, ... (one per block)
 ==========================  ==================  ============================
 
 :func:`split_with_jax_key` computes ``split``'s and ``convert_to_jax_rng_key``'s
-blocks in one call of the block function, :func:`stream_words` several
+blocks in one call of the block function (:func:`split_with_jax_keys`, with
+as many JAX keys as asked for), :func:`stream_words` several
 streams in one call: the same words, fewer loops in a compiled program.
 
 A child key (from ``split`` or ``fold_in``) is the first 8 words of one
@@ -57,7 +60,7 @@ from d3p.random._common import (
     raw_jax_key_shape,
 )
 
-__all__ = [*SUITE_API, "as_key", "chacha20_block", "split_with_jax_key", "stream_words"]
+__all__ = [*SUITE_API, "as_key", "chacha20_block", "split_with_jax_key", "split_with_jax_keys", "stream_words"]
 
 #: Type of a key of this suite: a ``uint32`` array of shape ``(8,)``.
 PRNGState = jax.Array
@@ -527,22 +530,43 @@ def split_with_jax_key(key: PRNGState, num: int = 2) -> Tuple[jax.Array, jax.Arr
     block function: the ``num`` keys of :func:`split` and the key for
     ``jax.random`` of :func:`convert_to_jax_rng_key`, the same values, as
     ``num + 1`` blocks of one keystream call (their nonces tell them apart,
-    so the JAX key is independent of the ``num`` keys). A private step takes
-    its keys so (one block-function loop instead of two, in every compiled
-    step; on a GPU each loop iteration is a launch of its own).
+    so the JAX key is independent of the ``num`` keys).
 
     :return: ``(uint32[num, 8], uint32[n])`` with ``n`` the words of
         ``jax.random.PRNGKey`` under JAX's default implementation.
     """
+    keys, jax_keys = split_with_jax_keys(key, num, 1)
+    return keys, jax_keys[0]
+
+
+def split_with_jax_keys(key: PRNGState, num: int, count: int) -> Tuple[jax.Array, jax.Array]:
+    """``split(key, num)`` and ``count`` keys for ``jax.random``, from one call
+    of the block function. The JAX keys are the first ``count * n`` words of
+    the keystream of ``key`` under :func:`convert_to_jax_rng_key`'s nonce
+    ``(3, 0, 0)`` (block counters 0, 1, ...), ``n`` words each: the first is
+    ``convert_to_jax_rng_key(key)``, and all are independent of each other
+    and of the ``num`` keys. A private step takes its keys so: its own, and
+    a Monte Carlo key for each record and one for the draw the batch
+    shares, in one block-function loop of the compiled step, where a split
+    of one JAX key would evaluate Threefry in the program again (on a GPU
+    each loop iteration is a launch of its own).
+
+    :return: ``(uint32[num, 8], uint32[count, n])`` with ``n`` the words of
+        ``jax.random.PRNGKey`` under JAX's default implementation.
+    """
     key = _check_key(key)
-    num = int(num)
+    num, count = int(num), int(count)
     if num < 1:
         raise ValueError(f"Expected num >= 1, got num={num}.")
+    if count < 1:
+        raise ValueError(f"Expected count >= 1, got count={count}.")
     n = _jax_key_words(jax.config.jax_default_prng_impl)
-    counter = np.concatenate([np.arange(num, dtype=np.uint32), np.zeros(1, np.uint32)])
-    tag = np.array([_NONCE_SPLIT] * num + [_NONCE_JAX_KEY], dtype=np.uint32)
-    words = _keystream.block_words(key, counter, (tag, 0, 0), _KEY_WORDS)
-    return words[:num], words[num, :n]
+    blocks = -(-count * n // 16)
+    counter = np.concatenate([np.arange(num, dtype=np.uint32), np.arange(blocks, dtype=np.uint32)])
+    tag = np.array([_NONCE_SPLIT] * num + [_NONCE_JAX_KEY] * blocks, dtype=np.uint32)
+    # on CPU one block at a time (_keystream.KEY_LOOP_BLOCKS): half the compile time of vectorised rounds
+    words = _keystream.block_words(key, counter, (tag, 0, 0), loop_blocks=_keystream.KEY_LOOP_BLOCKS)
+    return words[:num, :_KEY_WORDS], words[num:].reshape(-1)[:count * n].reshape(count, n)
 
 
 def stream_words(key: PRNGState, data: jax.typing.ArrayLike, counts: Sequence[int],

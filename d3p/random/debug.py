@@ -12,11 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from d3p.random import _threefry
 from d3p.random._common import (
     SUITE_API, composed_stream_words, describe_key, float_dtype, is_typed_jax_key, is_uint32_array, raw_jax_key_shape,
 )
 
-__all__ = [*SUITE_API, "as_key", "split_with_jax_key", "stream_words"]
+__all__ = [*SUITE_API, "as_key", "split_with_jax_key", "split_with_jax_keys", "stream_words"]
 
 #: Type of a key of this suite: a key of ``jax.random``.
 PRNGState = jax.Array
@@ -110,6 +111,21 @@ def split_with_jax_key(key: PRNGState, num: int = 2):
     :func:`convert_to_jax_rng_key` returns, is not independent of its split)."""
     keys = jax.random.split(key, int(num) + 1)
     return keys[:-1], keys[-1]
+
+
+def split_with_jax_keys(key: PRNGState, num: int, count: int):
+    """``num`` keys and ``count`` keys for ``jax.random``, all independent, as
+    :func:`d3p.random.chacha.split_with_jax_keys`: here the ``num`` keys of
+    :func:`split_with_jax_key` and ``jax.random.split(jax_key, count)`` of
+    its JAX key (computed with d3p's loop-free Threefry where that gives the
+    same values, see :func:`d3p.random._threefry.fast_key`)."""
+    count = int(count)
+    if count < 1:
+        raise ValueError(f"Expected count >= 1, got count={count}.")
+    keys, jax_key = split_with_jax_key(key, num)
+    fast = _threefry.fast_key(jax_key)
+    jax_keys = jax.random.split(fast, count)
+    return keys, (jax_keys if fast is jax_key else jax.random.key_data(jax_keys))
 
 
 def stream_words(key: PRNGState, data, counts, first=0):
