@@ -30,9 +30,11 @@ record's own terms and adds the global ones once per step, after the noise:
 
 Keys: under ``"shared_sample"`` every unobserved sample site gets its key by
 name (:class:`SiteKeys`): ``fold_in(record_key, site)`` inside a records
-plate, ``fold_in(shared_key, site)`` outside, so the per-record terms and the
-global terms see the same global draw whatever the order of the sites. The
-shared key is a per-step key of the PRNG suite, independent of the data.
+plate; outside, the step's key of that site (:class:`SharedKey`: with
+ChaCha20 more words of the call that gives the step's keys, else
+``fold_in(shared_key, site)``), so the per-record terms and the global terms
+see the same global draw whatever the order of the sites. The shared key
+is a per-step key of the PRNG suite, independent of the data.
 
 The global terms are evaluated on a public placeholder record (ones shaped
 like one record), never on data, and are used only once an abstract trace
@@ -86,10 +88,12 @@ def _in_plates(msg, plates) -> bool:
 
 
 class SharedKey(NamedTuple):
-    """The key of a step's draw shared by the batch, with the keys
-    ``fold_in(key, site)`` of the sites it draws computed once for the step
-    (:func:`shared_site_keys`), where each use would otherwise derive its own: the
-    global loss, the shared draw and every record's loss read the same keys."""
+    """The key of a step's draw shared by the batch, with the keys of the
+    sites it draws computed once for the step, where each use would
+    otherwise derive its own: the global loss, the shared draw and every
+    record's loss read the same keys. With ChaCha20 they are words of the
+    call that gives the step's keys (``d3p._private_step._step_keys``), else
+    ``fold_in(key, site)`` (:func:`shared_site_keys`)."""
 
     key: jax.Array
     sites: dict
@@ -117,8 +121,8 @@ def base_key(key):
 class SiteKeys(Messenger):
     """Gives every unobserved sample site its Monte Carlo key by name:
     ``fold_in(record_key, site)`` inside one of ``plates`` (the records),
-    ``fold_in(shared_key, site)`` outside (precomputed where ``shared_key`` is
-    a :class:`SharedKey` that holds the site). Sites that already have a key
+    outside the key a :class:`SharedKey` ``shared_key`` holds for the site,
+    else ``fold_in(shared_key, site)``. Sites that already have a key
     or a value are left alone; a key given as None leaves its sites to the
     enclosing ``seed``."""
 

@@ -334,7 +334,7 @@ def split_facts(svi, params, treedef, leaves, sharded: bool = False) -> tuple:
             if svi.formulation != "auto":
                 raise ValueError(f"{message}: expected formulation='per_record' for this model, got "
                                  f"formulation={svi.formulation!r}.")
-            # stacklevel: the caller of DPSVI.update (update, step, noisy_gradient, step_losses, here)
+            # stacklevel: the caller of DPSVI.update (update, step, noisy_gradient, shared_sites or step_losses, here)
             warnings.warn(f"{message}; DPSVI clips each record's whole ELBO (formulation='per_record').",
                           UserWarning, stacklevel=6)
             formulation, facts = "per_record", None

@@ -36,7 +36,7 @@ from d3p._gradient_lists import _public_number
 from d3p._records import _records
 from d3p._state import DPSVIState, check_state, state_scale
 from d3p.gradients import add_gaussian_noise, clipped_grad_sum
-from d3p.random import _threefry
+from d3p.random import _threefry, chacha
 from d3p.random._common import suite_key
 
 # ---------------------------------------------------------------- settings
@@ -336,22 +336,32 @@ def record_loss_fn(svi, treedef, scale, key_impl=None):
     return record_loss
 
 
-def step_losses(svi, params, treedef, leaves, scale, key_impl, shared_base):
+def shared_sites(svi, params, treedef, leaves) -> tuple:
+    """The names of the sites outside the records' plates whose draws a
+    step's batch shares, sorted (none under the ``"per_record"``
+    formulation): the sites :func:`step_losses` keys once for the step."""
+    formulation, facts = _model_facts.split_facts(svi, params, treedef, leaves, sharded=batch_layout(svi) is not None)
+    return () if formulation == "per_record" else tuple(sorted(facts.global_sites | set(facts.global_latents)))
+
+
+def step_losses(svi, params, treedef, leaves, scale, monte_carlo):
     """``(record_loss, global_loss, shared)`` of a step under the resolved
     ``formulation``: the loss of one record (clipped); the loss of the
     data-independent sites, evaluated once per step (None under
     ``"per_record"`` or without such sites); and the key of the draw
     shared by the batch (None under ``"per_record"``: a
-    :class:`d3p._elbo_terms.SharedKey` of ``shared_base``, see
+    :class:`d3p._elbo_terms.SharedKey` of the keys of ``monte_carlo``, see
     :func:`_monte_carlo_keys`), from which ``record_loss(shared)`` is the loss of
     one record."""
+    _, key_impl, shared_base, site_keys = monte_carlo
     formulation, facts = _model_facts.split_facts(svi, params, treedef, leaves, sharded=batch_layout(svi) is not None)
     svi.formulation_choice = formulation
     if formulation == "per_record":
         return record_loss_fn(svi, treedef, scale, key_impl), None, None
     plates = _model_facts.records_plates(svi, params, treedef, leaves)
     # the keys of the sites outside the records' plates, once for the step
-    shared = _elbo_terms.shared_site_keys(shared_base, facts.global_sites | set(facts.global_latents))
+    shared = (_elbo_terms.SharedKey(shared_base, site_keys) if site_keys is not None
+              else _elbo_terms.shared_site_keys(shared_base, facts.global_sites | set(facts.global_latents)))
 
     def record_loss(shared_key):
         return _elbo_terms.record_loss_fn(svi, formulation, facts, plates, treedef, scale, key_impl, shared_key)
@@ -396,42 +406,58 @@ def _public_batch_size(expected_batch_size, B: int):
     return _public_number(_validate.positive, "expected_batch_size", expected_batch_size)
 
 
-def _monte_carlo_keys(jax_keys, B: int):
-    """``(keys, key_impl, shared)`` of ``B + 1`` JAX keys: the Monte Carlo
-    keys of the ``B`` records and the key of the draw shared by the batch
-    (the last; never a record's, independent of the data), with the
-    loop-free Threefry implementation where it gives the same values (see
-    :mod:`d3p.random._threefry`). Typed record keys are carried as raw data
-    (which the strategies can pad and chunk) with their implementation
-    ``key_impl``."""
+def _monte_carlo_keys(jax_keys, B: int, sites=None):
+    """``(keys, key_impl, shared, site_keys)`` of ``B + 1`` JAX keys (and
+    one more for each of ``sites``): the Monte Carlo keys of the ``B``
+    records, the key of the draw shared by the batch (never a record's,
+    independent of the data) and, with ``sites``, the keys of those sites of
+    the shared draw, the next keys in the order of ``sites`` (a dict; None
+    without ``sites``: :func:`d3p._elbo_terms.shared_site_keys` derives them
+    from ``shared``); with the loop-free Threefry implementation where it
+    gives the same values (see :mod:`d3p.random._threefry`). Typed record
+    keys are carried as raw data (which the strategies can pad and chunk)
+    with their implementation ``key_impl``."""
     keys = _threefry.fast_key(jax_keys)
     record_keys, shared = keys[:B], keys[B]
+    site_keys = None if sites is None else {name: keys[B + 1 + i] for i, name in enumerate(sites)}
     key_impl = None
     if jnp.issubdtype(record_keys.dtype, jax.dtypes.prng_key):
         key_impl = jax.random.key_impl(record_keys)
         record_keys = jax.random.key_data(record_keys)
-    return record_keys, key_impl, shared
+    return record_keys, key_impl, shared, site_keys
 
 
-def _step_keys(svi, key, B: int):
+def _site_keys_in_stream(rng_suite) -> bool:
+    """Whether a step's shared sites take their keys from the call that gives
+    the step's keys: with ChaCha20 (more words of the same keystream, where
+    ``fold_in`` for each site would evaluate Threefry in the step); the
+    debugging suite and a suite of the plain interface derive them with
+    ``fold_in`` from the shared draw's key (the debugging suite's values
+    stay as recorded)."""
+    return getattr(rng_suite, "split_with_jax_keys", None) is chacha.split_with_jax_keys
+
+
+def _step_keys(svi, key, B: int, sites=()):
     """``(next_key, noise_key, count_key, monte_carlo)`` of a step from its
     state's ``key``: the next state's key, the noise's, adaptive clipping's
     count noise's (None without adaptive clipping), all independent, and
-    the Monte Carlo keys of :func:`_monte_carlo_keys` (``B`` records' and the
-    shared draw's, for ``jax.random``). With a suite that has
+    the Monte Carlo keys of :func:`_monte_carlo_keys` (``B`` records', the
+    shared draw's and, with ChaCha20, those of the shared draw's ``sites``,
+    :func:`shared_sites`, for ``jax.random``). With a suite that has
     ``split_with_jax_keys`` (both of d3p's) they all come from one call of
     it: with ChaCha20, one block-function loop in the compiled step and no
     Threefry of d3p's. A suite with the plain interface splits one key
     more, converts it and splits that JAX key into ``B + 1``."""
     num = 2 if svi.adaptive_clipping is None else 3
     many = getattr(svi.rng_suite, "split_with_jax_keys", None)
+    sites = tuple(sites) if _site_keys_in_stream(svi.rng_suite) else None
     if many is not None:
-        keys, jax_keys = many(key, num, B + 1)
+        keys, jax_keys = many(key, num, B + 1 + len(sites or ()))
     else:
         keys = svi.rng_suite.split(key, num + 1)
         jax_key = _threefry.fast_key(svi.rng_suite.convert_to_jax_rng_key(keys[num]))
         jax_keys = jax.random.split(jax_key, B + 1)
-    return keys[0], keys[1], (keys[2] if num == 3 else None), _monte_carlo_keys(jax_keys, B)
+    return keys[0], keys[1], (keys[2] if num == 3 else None), _monte_carlo_keys(jax_keys, B, sites)
 
 
 def step_shared_key(svi, rng_key, B: int):
@@ -446,7 +472,6 @@ def noisy_gradient(svi, svi_state, args, kwargs, mask, expected_batch_size, forw
     check_state(svi_state)
     key = suite_key(svi.rng_suite, svi_state.rng_key, "svi_state.rng_key")
     records, treedef, B = _records(args, kwargs)
-    rng_key, noise_key, count_key, (record_keys, key_impl, shared_base) = _step_keys(svi, key, B)
     mask = _checked_mask(mask, B)
     expected_batch_size = _public_batch_size(expected_batch_size, B)
     warn_if_all_noise(svi, expected_batch_size, stacklevel=6)   # the caller of update
@@ -455,8 +480,10 @@ def noisy_gradient(svi, svi_state, args, kwargs, mask, expected_batch_size, forw
     with _model_facts.model_errors_explained(svi, args, kwargs):
         # a public constant (None without clip_unscaled_observations): see _model_facts.observation_scale
         scale = _model_facts.observation_scale(svi, params, treedef, records)
-        loss_fn, global_loss, shared = step_losses(svi, params, treedef, records, scale, key_impl, shared_base)
-        result, noisy_sum = private_sum(svi, loss_fn, params, (record_keys, list(records)), mask, forward_mode,
+        rng_key, noise_key, count_key, monte_carlo = _step_keys(
+            svi, key, B, shared_sites(svi, params, treedef, records))
+        loss_fn, global_loss, shared = step_losses(svi, params, treedef, records, scale, monte_carlo)
+        result, noisy_sum = private_sum(svi, loss_fn, params, (monte_carlo[0], list(records)), mask, forward_mode,
                                         noise_key, C, shared)
     # the public normalisation: N / B when the per-record losses were divided
     # by the observation scale (N, the scale of a batch of one), else 1 / B

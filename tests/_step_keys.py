@@ -5,11 +5,13 @@ A step whose state holds the ChaCha20 key ``rng_key`` gives record ``i`` of
 its batch of ``B`` the JAX key made of words ``2i`` and ``2i + 1`` of the
 keystream of ``rng_key`` under nonce ``(3, 0, 0)`` (block counters 0, 1,
 ...), and the draw the batch shares the next key, ``B`` (JAX's default
-Threefry keys, two words each). The words come from RFC 8439's block
-function as :func:`d3p.random.chacha.chacha20_block` computes it (checked
-against the RFC's vector and OpenSSL in ``tests/test_random_host_blocks.py``
-and ``tests/test_random_platforms.py``), not from the suite function the
-step calls.
+Threefry keys, two words each); the sites of that shared draw (outside the
+records' plates) take the keys after it, in the order of their names. The
+words come from RFC 8439's block function as
+:func:`d3p.random.chacha.chacha20_block` computes it (checked against the
+RFC's vector and OpenSSL in ``tests/test_random_host_blocks.py`` and
+``tests/test_random_platforms.py``), not from the suite function the step
+calls.
 """
 
 import jax
@@ -34,3 +36,11 @@ def record_keys(rng_key, B: int) -> np.ndarray:
 def shared_key(rng_key, B: int) -> np.ndarray:
     """The key of the draw shared by a batch of ``B`` records in the step from ``rng_key``."""
     return jax_key_words(rng_key, B + 1)[B]
+
+
+def site_keys(rng_key, B: int, names) -> dict:
+    """The keys of the shared draw's sites ``names`` in the step from ``rng_key``
+    with a batch of ``B`` records: keys ``B + 1, B + 2, ...`` in the order of the names."""
+    names = sorted(names)
+    words = jax_key_words(rng_key, B + 1 + len(names))
+    return {name: words[B + 1 + i] for i, name in enumerate(names)}

@@ -62,19 +62,28 @@ def moved(svi, state, params):
     return state._replace(optim_state=svi.optim.init(params))
 
 
-def shared_key(state, B):
+def shared_key(state, B, sites=()):
     """The key of the draw shared by a batch of ``B`` records in the step from
     ``state`` (d3p._private_step._step_keys: the JAX key after the records'
-    of the state's key, tests/_step_keys.py)."""
-    return jnp.asarray(_step_keys.shared_key(state.rng_key, B))
+    of the state's key, tests/_step_keys.py), with the keys of its ``sites``
+    (those outside the records' plate: the keys after it) as the step holds
+    them (a :class:`d3p._elbo_terms.SharedKey`)."""
+    key = jnp.asarray(_step_keys.shared_key(state.rng_key, B))
+    if not sites:
+        return key
+    return _elbo_terms.SharedKey(key, {name: jnp.asarray(k) for name, k in
+                                       _step_keys.site_keys(state.rng_key, B, sites).items()})
 
 
 def numpyro_gradient(model, guide, key, plates, params, *args, **kwargs):
     """NumPyro's Trace_ELBO gradient on the whole batch, every sample site
-    keyed as DPSVI keys it for ``key`` (the same guide sample)."""
+    keyed as DPSVI keys it for ``key`` (the same guide sample; a
+    :class:`d3p._elbo_terms.SharedKey` gives the sites outside ``plates``
+    their keys)."""
     m = _elbo_terms.SiteKeys(model, plates, key, key)
     g = _elbo_terms.SiteKeys(guide, plates, key, key)
-    return jax.jit(jax.grad(lambda p: Trace_ELBO().loss(key, p, m, g, *args, **kwargs)))(params)
+    base = _elbo_terms.base_key(key)
+    return jax.jit(jax.grad(lambda p: Trace_ELBO().loss(base, p, m, g, *args, **kwargs)))(params)
 
 
 @pytest.mark.slow
@@ -92,13 +101,13 @@ def test_shared_sample_is_numpyros_full_data_elbo_gradient():
     state = moved(svi, state, params)
     got, loss = gradient(svi, state, xs, ys)
     assert svi.formulation_choice == "shared_sample"
-    key = shared_key(state, len(xs))
+    key = shared_key(state, len(xs), ["w"])
     expected = numpyro_gradient(logistic_regression_model, logistic_regression_guide, key, {"batch"}, params,
                                 xs, ys, N=N)
     np.testing.assert_allclose(flat(got), flat(expected), rtol=2e-5, atol=2e-5)
     m = _elbo_terms.SiteKeys(logistic_regression_model, {"batch"}, key, key)
     g = _elbo_terms.SiteKeys(logistic_regression_guide, {"batch"}, key, key)
-    np.testing.assert_allclose(float(loss), float(Trace_ELBO().loss(key, params, m, g, xs, ys, N=N)), rtol=1e-5)
+    np.testing.assert_allclose(float(loss), float(Trace_ELBO().loss(key.key, params, m, g, xs, ys, N=N)), rtol=1e-5)
 
 
 def _data_of(key):
@@ -121,24 +130,37 @@ def test_a_steps_monte_carlo_keys_are_b_plus_one_keys_of_its_state_key(B, suite)
     """A step's records' keys and the shared draw's key are ``B + 1`` JAX keys
     of the state's key, the shared one last (never a record's): with ChaCha20,
     the words of the keystream under nonce (3, 0, 0) (tests/_step_keys.py; 9
-    records' keys take two blocks); with the debugging suite and with a suite
-    of the plain interface, ``jax.random.split`` of the JAX key derived from
-    the state's key (JAX's generator called directly)."""
+    records' keys take two blocks), and the shared draw's sites the next
+    keys, in the order of their names; with the debugging suite and with a
+    suite of the plain interface, ``jax.random.split`` of the JAX key derived
+    from the state's key (JAX's generator called directly), the sites' keys
+    left to ``fold_in`` of the shared key."""
     rng_suite = {"chacha20": d3p.random, "debug": d3p.random.debug, "plain": _PlainSuite()}[suite]
     svi = DPSVI(logistic_regression_model, logistic_regression_guide, numpyro.optim.SGD(1.0), Trace_ELBO(),
                 1.0, 1.0, rng_suite=rng_suite)
     key = rng_suite.PRNGKey(3)
-    next_key, noise_key, count_key, (keys, key_impl, shared) = _private_step._step_keys(svi, key, B)
+    next_key, noise_key, count_key, (keys, key_impl, shared, sites) = _private_step._step_keys(
+        svi, key, B, ("tau", "w"))
     if suite == "chacha20":
-        expected = _step_keys.jax_key_words(key, B + 1)
-    elif suite == "debug":
-        expected = np.asarray(jax.random.split(jax.random.split(key, 3)[2], B + 1))
+        expected = _step_keys.jax_key_words(key, B + 3)
+        assert list(sites) == ["tau", "w"]
+        np.testing.assert_array_equal(_data_of(sites["tau"]), expected[B + 1])
+        np.testing.assert_array_equal(_data_of(sites["w"]), expected[B + 2])
+        np.testing.assert_array_equal(_data_of(sites["w"]), _step_keys.site_keys(key, B, ["w", "tau"])["w"])
     else:
+        assert sites is None
+    if suite == "debug":
+        expected = np.asarray(jax.random.split(jax.random.split(key, 3)[2], B + 1))
+    elif suite == "plain":
         expected = np.asarray(jax.random.split(d3p.random.convert_to_jax_rng_key(d3p.random.split(key, 3)[2]), B + 1))
     np.testing.assert_array_equal(np.asarray(keys), expected[:B])
     np.testing.assert_array_equal(_data_of(shared), expected[B])
     assert keys.shape == (B, 2) and count_key is None
     assert not any(np.array_equal(_data_of(shared), k) for k in np.asarray(keys))
+    # the records' and the shared draw's keys do not depend on the number of sites
+    _, _, _, (keys0, _, shared0, _) = _private_step._step_keys(svi, key, B)
+    np.testing.assert_array_equal(np.asarray(keys0), np.asarray(keys))
+    np.testing.assert_array_equal(_data_of(shared0), _data_of(shared))
     # the step's own keys are split's, as before
     np.testing.assert_array_equal(np.asarray(next_key), np.asarray(rng_suite.split(key, 2)[0]))
     np.testing.assert_array_equal(np.asarray(noise_key), np.asarray(rng_suite.split(key, 2)[1]))
@@ -199,6 +221,62 @@ def test_the_shared_sites_keys_are_derived_once_and_are_fold_ins_of_the_shared_k
             assert tr[name]["kwargs"]["rng_key"] is keys.sites[name]   # the step's, not derived again
         np.testing.assert_array_equal(_data_of(tr["z"]["kwargs"]["rng_key"]),
                                       _data_of(jax.random.fold_in(z_base, _elbo_terms._site_number("z"))))
+
+
+def _two_latents_model(xs, N):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    tau = numpyro.sample("tau", dist.Normal(0.0, 1.0))
+    with numpyro.plate("batch", N, subsample_size=xs.shape[0]):
+        numpyro.sample("x", dist.Normal(w, jnp.exp(tau)), obs=xs)
+
+
+def _two_latents_guide(xs, N):
+    for name in ("w", "tau"):
+        numpyro.sample(name, dist.Normal(numpyro.param(f"{name}_loc", 0.0), 1.0))
+
+
+@pytest.mark.filterwarnings("ignore::d3p.random.debug.DebugRNGWarning")
+@pytest.mark.parametrize("suite", ["chacha20", "debug"])
+def test_a_steps_shared_sites_draw_with_the_keys_of_its_one_key_call(suite, monkeypatch):
+    """In a compiled step, the guide's and the model's draws outside the
+    records' plate read the keys of the step's key call: with ChaCha20 the
+    keystream's words after the shared draw's key, in the order of the
+    sites' names (tests/_step_keys.py); with the debugging suite
+    ``fold_in(shared_key, site)``, its values as before."""
+    seen = []
+    real = _elbo_terms.SiteKeys.process_message
+
+    def spy(self, msg):
+        real(self, msg)
+        if msg["name"] in ("w", "tau") and msg["kwargs"].get("rng_key") is not None:
+            key = msg["kwargs"]["rng_key"]
+            data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+            jax.debug.callback(lambda k, name=msg["name"]: seen.append((name, np.asarray(k))), data)
+
+    monkeypatch.setattr(_elbo_terms.SiteKeys, "process_message", spy)
+    rng_suite = {"chacha20": d3p.random, "debug": d3p.random.debug}[suite]
+    B = 5
+    xs = jnp.linspace(-1.0, 1.0, B)
+    svi = DPSVI(_two_latents_model, _two_latents_guide, numpyro.optim.SGD(0.1), Trace_ELBO(), 1.0, 1.0,
+                rng_suite=rng_suite, formulation="own_sample", N=50)
+    state = svi.init(rng_suite.PRNGKey(6), xs)
+    jax.block_until_ready(svi.update(state, xs))
+    assert {name for name, _ in seen} == {"w", "tau"}
+    if suite == "chacha20":
+        expected = _step_keys.site_keys(state.rng_key, B, ["w", "tau"])
+        shared = _step_keys.shared_key(state.rng_key, B)
+    else:
+        shared = jax.random.split(jax.random.split(state.rng_key, 3)[2], B + 1)[B]
+        expected = {name: _data_of(jax.random.fold_in(shared, _elbo_terms._site_number(name)))
+                    for name in ("w", "tau")}
+    for name, key in seen:
+        np.testing.assert_array_equal(key, expected[name])
+    # power: the two ways give other keys
+    if suite == "chacha20":
+        assert not np.array_equal(expected["w"], _data_of(jax.random.fold_in(shared, _elbo_terms._site_number("w"))))
+    else:
+        following = np.asarray(jax.random.split(jax.random.split(state.rng_key, 3)[2], B + 3))[B + 1:]
+        assert not any(np.array_equal(expected["w"], k) for k in following)
 
 
 @pytest.mark.parametrize("formulation", ["own_sample", pytest.param("shared_sample", marks=pytest.mark.slow)])
@@ -342,7 +420,8 @@ def test_shared_sample_hierarchical_model_only_site_is_drawn_once():
     state = moved(svi, state, params)
     got, _ = gradient(svi, state, xs, ys, ls)
     expected = numpyro_gradient(hierarchical_logistic_regression_model, hierarchical_logistic_regression_guide,
-                                shared_key(state, B), {"batch"}, params, xs, ys, ls, N=200, gs=svi.static_kwargs["gs"])
+                                shared_key(state, B, ["M", "ws"]), {"batch"}, params, xs, ys, ls, N=200,
+                                gs=svi.static_kwargs["gs"])
     np.testing.assert_allclose(flat(got), flat(expected), rtol=2e-5, atol=2e-4)
 
 

@@ -161,9 +161,9 @@ def test_plate_scaling_with_a_shared_guide_sample_is_numpyros_minibatch_gradient
     key = jax.random.PRNGKey(7)
     real = _private_step._monte_carlo_keys
 
-    def same_keys(jax_keys, B):   # every record's Monte Carlo key is `key` (raw data, as the step carries them)
-        keys, key_impl, shared = real(jax_keys, B)
-        return jnp.broadcast_to(key, keys.shape), key_impl, shared
+    def same_keys(jax_keys, B, sites=None):   # every record's Monte Carlo key is `key` (raw data, as carried)
+        keys, key_impl, shared, site_keys = real(jax_keys, B, sites)
+        return jnp.broadcast_to(key, keys.shape), key_impl, shared, site_keys
 
     params = svi.get_params(state)
     monkeypatch.setattr(_private_step, "_monte_carlo_keys", same_keys)
