@@ -466,17 +466,25 @@ def gram_bound(A, D):
     Every computed quantity is increased by the relative error bound of the
     roundings that produced it (``_up``).
     """
-    return _gram_bounds([(A, D)])[0][0]
+    (_, M, E), = _gram_bounds([(A, D)])[0]
+    return M, E
 
 
 def _gram_bounds(leaf_rows, others=()):
     """:func:`gram_bound` of every ``(A, D)`` of ``leaf_rows``, and
     :func:`d3p._clipping._norm_bound` of the rows of each of ``others``:
-    ``(bounds, other_bounds)``. The row norms of the triangle bounds and the
-    others' norms are one batch of norm bounds (:func:`d3p._clipping._norm_bounds`)."""
+    ``(bounds, other_bounds)``, ``bounds`` a list of ``(leaves, M, E)``. Two
+    or more leaves of one row per record (``R = 1``, dense layers) and one
+    accumulation dtype are one entry, ``M`` and ``E`` of shape
+    ``(len(leaves), B)`` (row ``i``: leaf ``leaves[i]``), computed on the
+    leaves stacked: the same roundings, value by value, as leaf by leaf, in
+    a fraction of the operations. Any other leaf is an entry of its own,
+    ``M`` and ``E`` of shape ``(B,)``. The row norms of the triangle bounds
+    and the others' norms are one batch of norm bounds
+    (:func:`d3p._clipping._norm_bounds`)."""
     g = _clipping
     forms, rows = [], list(others)
-    for A, D in leaf_rows:
+    for j, (A, D) in enumerate(leaf_rows):
         acc = g._acc_dtype(A.dtype, D.dtype)
         rnd = g._rounding(acc, A.dtype, D.dtype)
         _, R, n_in = A.shape
@@ -485,26 +493,39 @@ def _gram_bounds(leaf_rows, others=()):
         # the Gram form's error bound (relative to T²) grows with the sizes; where
         # it could not beat the triangle bound, T alone is the bound
         use_triangle = R == 1 or (n_in + n_out + 2 * R + 2) * rnd.u > 1e-2
-        forms.append((use_triangle, len(rows), (A, D, rnd), (R, n_in, n_out, rnd)))
+        forms.append((j, use_triangle, len(rows), (A, D, rnd), (R, n_in, n_out)))
         if use_triangle:
             rows += [A, D]
     norms = g._norm_bounds(rows)
+    groups = {}
+    for form in forms:   # the one-row leaves by accumulation dtype, the others alone
+        j, _, _, (A, _, rnd), (R, _, _) = form
+        groups.setdefault((A.dtype, rnd) if R == 1 else j, []).append(form)
     bounds = []
-    for use_triangle, at, (A, D, rnd), sizes in forms:
-        parts = _triangle_bound(norms[at], norms[at + 1], rnd) if use_triangle else _gram_form_bound(A, D, rnd)
-        bounds.append(_with_tiny_entries(*parts, *sizes))
+    for members in groups.values():
+        leaves = [m[0] for m in members]
+        if len(members) == 1:
+            _, use_triangle, at, (A, D, rnd), sizes = members[0]
+            parts = _triangle_bound(norms[at], norms[at + 1], rnd) if use_triangle else _gram_form_bound(A, D, rnd)
+            bounds.append((leaves, *_with_tiny_entries(*parts, *sizes, rnd)))
+            continue
+        rnd = members[0][3][2]
+        na = jnp.stack([norms[m[2]] for m in members])
+        nd = jnp.stack([norms[m[2] + 1] for m in members])
+        sizes = [np.array([[m[4][k]] for m in members], np.float64) for k in range(3)]
+        bounds.append((leaves, *_with_tiny_entries(*_triangle_bound(na, nd, rnd), *sizes, rnd)))
     return bounds, norms[:len(others)]
 
 
 def _triangle_bound(na, nd, rnd):
     """``(M, Σ_r ‖a_r‖, Σ_r ‖d_r‖)`` of :func:`gram_bound` from ``T`` alone, in
-    real units, from the row norms ``na``, ``nd`` (B, R) of ``|A|`` and ``|D|``
-    (overflow-safe bounds): ``T = Σ_r ‖a_r‖‖d_r‖``."""
+    real units, from the row norms ``na``, ``nd`` (..., B, R) of ``|A|`` and
+    ``|D|`` (overflow-safe bounds): ``T = Σ_r ‖a_r‖‖d_r‖``."""
     g = _clipping
-    R = na.shape[1]
-    M = g._up(jnp.sum(na * nd, axis=1), R, rnd)
-    sum_a = g._up(jnp.sum(na, axis=1), R - 1, rnd)
-    sum_d = g._up(jnp.sum(nd, axis=1), R - 1, rnd)
+    R = na.shape[-1]
+    M = g._up(jnp.sum(na * nd, axis=-1), R, rnd)
+    sum_a = g._up(jnp.sum(na, axis=-1), R - 1, rnd)
+    sum_d = g._up(jnp.sum(nd, axis=-1), R - 1, rnd)
     return M, sum_a, sum_d
 
 
@@ -549,7 +570,9 @@ def _gram_norm_bound(An, Dn, T, rnd):
 def _with_tiny_entries(M, sum_a, sum_d, R, n_in, n_out, rnd):
     """``(M, E)`` of :func:`gram_bound`: ``M`` increased by what entries below the
     smallest normal number (in real units) can change, ``E`` what ``f A``
-    flushed to zero can; both ``inf`` unless finite."""
+    flushed to zero can; both ``inf`` unless finite. ``R``, ``n_in`` and
+    ``n_out``: one leaf's sizes, or arrays ``(L, 1)`` of the sizes of the
+    ``L`` leaves stacked in ``M``, ``sum_a`` and ``sum_d`` (``(L, B)``)."""
     g = _clipping
     acc = M.dtype
     t_in = np.asarray(2.0 * np.sqrt(n_in) * rnd.tiny, acc)
@@ -665,15 +688,32 @@ def _ghost_bounds(plan: Plan, leaf_rows, res_grads, param_leaves, B: int):
     # per ghost leaf (M, E); per residual leaf the norm of its rows (as
     # _record_bound's), all shape (B,), from one batch of norm bounds
     ghost, residual = _gram_bounds(leaf_rows, [g._rows(grad) for grad in res_grads])
-    bounds = [M.astype(acc) for M, _ in ghost] + [r.astype(acc) for r in residual]
-    abs_errs = [E.astype(acc) for _, E in ghost]
+    columns, abs_errs = _leaf_columns(ghost, len(leaf_rows), acc)
+    if residual:
+        columns.append(jnp.stack([r.astype(acc) for r in residual], axis=1))
     # one norm over all parts (the residual leaves' norms among them: a bound
     # of the record's whole gradient, as the norm of _record_bound with them)
-    norms = g._norm_bound(jnp.stack(bounds, axis=1)) if bounds else jnp.zeros((B,), acc)
+    norms = g._norm_bound(jnp.concatenate(columns, axis=1)) if columns else jnp.zeros((B,), acc)
     res_size = sum(g._rows(grad).shape[1] for grad in res_grads)
     res_dtypes = [jnp.result_type(param_leaves[i]) for i in plan.residual_leaves]
     abs_err = jnp.asarray(g._flush_slack(res_size, res_dtypes), acc) + sum(abs_errs)
     return norms, g._up(abs_err, len(abs_errs), rnd)
+
+
+def _leaf_columns(bounds, num_leaves: int, acc):
+    """``(columns, abs_errs)`` of :func:`_gram_bounds`' ``bounds``: the bounds
+    ``M`` as columns ``(B, ·)`` in the order of the leaves (a list of at most
+    one array), and the errors ``E`` as a list in that order, all in ``acc``."""
+    if len(bounds) == 1 and bounds[0][1].ndim == 2:   # every leaf in one stack, in order
+        _, M, E = bounds[0]
+        return [M.astype(acc).T], [E[i].astype(acc) for i in range(num_leaves)]
+    per_leaf = [None] * num_leaves
+    for leaves, M, E in bounds:
+        for i, leaf in enumerate(leaves):
+            per_leaf[leaf] = (M[i], E[i]) if M.ndim == 2 else (M, E)
+    if not per_leaf:
+        return [], []
+    return [jnp.stack([M.astype(acc) for M, _ in per_leaf], axis=1)], [E.astype(acc) for _, E in per_leaf]
 
 
 def _ghost_sums(plan: Plan, leaf_rows, res_grads, param_leaves, factor, keep, block_rows: int):
