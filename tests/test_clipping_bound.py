@@ -454,6 +454,49 @@ def test_gram_bound_is_an_upper_bound_and_tight_without_cancellation():
             np.testing.assert_allclose(M, exact, rtol=1e-5)
 
 
+def test_stacked_ghost_bounds_are_each_leafs_own_bit_for_bit():
+    """The dense (one-row) leaves' bounds computed stacked (``_gram_bounds``)
+    are those of each leaf alone (``gram_bound``), bit for bit, with leaves
+    of other widths, a leaf of several rows in between (its own entry), a
+    record with a non-finite entry (``inf`` bounds) and one of zeros; a
+    float64 leaf makes an entry of its own. Power: the stacked leaves' own
+    bounds differ from each other, so a row given to the wrong leaf fails."""
+    from d3p import _ghost
+
+    rng = np.random.default_rng(12)
+
+    def rows(R, n_in, n_out, dtype=np.float32):
+        A = rng.normal(size=(6, R, n_in)) * 10.0 ** rng.uniform(-30, 20, (6, 1, 1))
+        D = rng.normal(size=(6, R, n_out)) * 10.0 ** rng.uniform(-30, 10, (6, 1, 1))
+        A[2] = 0.0
+        D[4, 0, 0] = np.inf
+        return jnp.asarray(A.astype(dtype)), jnp.asarray(D.astype(dtype))
+
+    with jax.enable_x64(True):
+        leaves = [rows(1, 7, 5), rows(3, 4, 2), rows(1, 30, 2), rows(1, 2, 40), rows(1, 3, 3, np.float64)]
+        ids = []
+
+        def stacked(leaves):   # the leaves of each entry found while tracing
+            bounds, _ = _ghost._gram_bounds(leaves)
+            ids.extend(tuple(leaf_ids) for leaf_ids, _, _ in bounds)
+            return [(M, E) for _, M, E in bounds]
+
+        outs = jax.jit(stacked)(leaves)
+        entries = dict(zip(ids, outs))
+        alone = [jax.jit(_ghost.gram_bound)(A, D) for A, D in leaves]
+    assert sorted(entries) == [(0, 2, 3), (1,), (4,)]
+    for ids, (M, E) in entries.items():
+        for i, leaf in enumerate(ids):
+            got = (M[i], E[i]) if M.ndim == 2 else (M, E)
+            for have, want in zip(got, alone[leaf]):
+                assert np.asarray(have).tobytes() == np.asarray(want).tobytes(), leaf
+    M, E = entries[(0, 2, 3)]
+    assert np.all(np.isinf(np.asarray(M)[:, 4])) and np.all(np.isfinite(np.asarray(M)[:, :4]))
+    for a, b in [(0, 2), (2, 3), (0, 3)]:
+        assert not np.array_equal(np.asarray(alone[a][0]), np.asarray(alone[b][0]))
+        assert not np.array_equal(np.asarray(alone[a][1]), np.asarray(alone[b][1]))
+
+
 def test_a_constant_zero_gradient_keeps_the_records():
     """A ghost leaf whose output gradient XLA folds to a constant zero (its
     product multiplied by 0.0): the records keep finite bounds and the other
