@@ -493,28 +493,43 @@ def _gram_bounds(leaf_rows, others=()):
         # the Gram form's error bound (relative to T²) grows with the sizes; where
         # it could not beat the triangle bound, T alone is the bound
         use_triangle = R == 1 or (n_in + n_out + 2 * R + 2) * rnd.u > 1e-2
-        forms.append((j, use_triangle, len(rows), (A, D, rnd), (R, n_in, n_out)))
+        forms.append(_LeafForm(j, use_triangle, len(rows), A, D, rnd, (R, n_in, n_out)))
         if use_triangle:
             rows += [A, D]
     norms = g._norm_bounds(rows)
     groups = {}
-    for form in forms:   # the one-row leaves by accumulation dtype, the others alone
-        j, _, _, (A, _, rnd), (R, _, _) = form
-        groups.setdefault((A.dtype, rnd) if R == 1 else j, []).append(form)
+    for f in forms:   # the one-row leaves by accumulation dtype, the others alone
+        groups.setdefault((f.A.dtype, f.rnd) if f.sizes[0] == 1 else f.leaf, []).append(f)
     bounds = []
     for members in groups.values():
-        leaves = [m[0] for m in members]
+        leaves = [f.leaf for f in members]
         if len(members) == 1:
-            _, use_triangle, at, (A, D, rnd), sizes = members[0]
-            parts = _triangle_bound(norms[at], norms[at + 1], rnd) if use_triangle else _gram_form_bound(A, D, rnd)
-            bounds.append((leaves, *_with_tiny_entries(*parts, *sizes, rnd)))
+            f = members[0]
+            parts = (_triangle_bound(norms[f.at], norms[f.at + 1], f.rnd) if f.use_triangle
+                     else _gram_form_bound(f.A, f.D, f.rnd))
+            bounds.append((leaves, *_with_tiny_entries(*parts, *f.sizes, f.rnd)))
             continue
-        rnd = members[0][3][2]
-        na = jnp.stack([norms[m[2]] for m in members])
-        nd = jnp.stack([norms[m[2] + 1] for m in members])
-        sizes = [np.array([[m[4][k]] for m in members], np.float64) for k in range(3)]
+        na = jnp.stack([norms[f.at] for f in members])
+        nd = jnp.stack([norms[f.at + 1] for f in members])
+        sizes = [np.array([[f.sizes[k]] for f in members], np.float64) for k in range(3)]
+        rnd = members[0].rnd
         bounds.append((leaves, *_with_tiny_entries(*_triangle_bound(na, nd, rnd), *sizes, rnd)))
     return bounds, norms[:len(others)]
+
+
+class _LeafForm(NamedTuple):
+    """One ghost leaf in :func:`_gram_bounds`: its index, whether ``T`` alone
+    bounds it, where its rows' norms are in the batch of norm bounds, ``|A|``
+    and ``|D|`` in the accumulation dtype, the rounding constants, and
+    ``(R, n_in, n_out)``."""
+
+    leaf: int
+    use_triangle: bool
+    at: int
+    A: jax.Array
+    D: jax.Array
+    rnd: Any
+    sizes: Tuple[int, int, int]
 
 
 def _triangle_bound(na, nd, rnd):
