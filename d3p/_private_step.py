@@ -361,7 +361,7 @@ def step_losses(svi, params, treedef, leaves, scale, monte_carlo):
     plates = _model_facts.records_plates(svi, params, treedef, leaves)
     # the keys of the sites outside the records' plates, once for the step
     shared = (_elbo_terms.SharedKey(shared_base, site_keys) if site_keys is not None
-              else _elbo_terms.shared_site_keys(shared_base, facts.global_sites | set(facts.global_latents)))
+              else _elbo_terms.shared_site_keys(shared_base, shared_sites(svi, params, treedef, leaves)))
 
     def record_loss(shared_key):
         return _elbo_terms.record_loss_fn(svi, formulation, facts, plates, treedef, scale, key_impl, shared_key)
