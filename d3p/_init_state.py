@@ -10,35 +10,13 @@ initial parameters hold no private value (see :mod:`d3p._public_init`).
 import warnings
 
 import jax
-import numpy as np
 from numpyro.infer.svi import SVI
-from numpyro.primitives import Messenger
 
 from d3p import _model_facts, _numpyro_compat, _private_step, _sharding, _validate
-from d3p._public_init import placeholder_dependent_params, public_guide_setup, public_records
+from d3p._public_init import BatchSubsample, placeholder_dependent_params, public_guide_setup, public_records
 from d3p._records import _records
 from d3p._state import DPSVIState, state_scale
 from d3p.random._common import suite_key, unstacked
-
-
-class _BatchSubsample(Messenger):
-    """While :meth:`DPSVI.init` runs the model and guide on its batch, a
-    subsampling plate's indices are those of the batch, ``0 .. B-1``.
-
-    NumPyro would draw a random subsample of the plate's ``N`` (in ``O(N)``
-    time, compiled anew at every eager call: seconds for a large ``N``),
-    which DP-VI never uses: the batch is the data given. The site's random key
-    is still drawn, so the keys of the other sites are unchanged.
-    """
-
-    def process_message(self, msg):
-        if msg["type"] == "plate" and msg["value"] is None:
-            msg["fn"] = _batch_indices
-
-
-def _batch_indices(size, subsample_size, rng_key=None):
-    # from the host: nothing to compile
-    return jax.device_put(np.arange(subsample_size, dtype=jax.dtypes.canonicalize_dtype(np.int64)))
 
 
 def _warn_if_placeholder_dependent(svi, public, treedef, init_params, stacklevel: int) -> None:
@@ -82,7 +60,7 @@ def init_public(svi, rng_key, public, treedef, size, init_params, real_values, s
     args, kwargs = jax.tree.unflatten(treedef, public)
     rng_key, init_key = unstacked(svi.rng_suite.split(rng_key, 2))
     jax_init_key = svi.rng_suite.convert_to_jax_rng_key(init_key)
-    with _BatchSubsample(), public_guide_setup(svi.guide, ignore_likelihood=not real_values), \
+    with BatchSubsample(), public_guide_setup(svi.guide, ignore_likelihood=not real_values), \
             _model_facts.model_errors_explained(svi, args, kwargs):
         try:
             state = SVI.init(svi, jax_init_key, *args, init_params=init_params, **kwargs)

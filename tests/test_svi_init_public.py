@@ -17,6 +17,7 @@ from numpyro.infer import Trace_ELBO
 from numpyro.infer.autoguide import AutoDiagonalNormal, AutoGuideList, AutoNormal
 
 import d3p.random
+from d3p import _public_init
 from d3p.minibatch import PoissonSampler
 from d3p.svi import DPSVI
 
@@ -141,6 +142,33 @@ def test_autoguide_list_parts_are_set_up_on_placeholders():
     other = _svi(guide=guide).init(d3p.random.PRNGKey(0), _neighbour(xs, np.nan)[:8], ys[:8])
     assert _leaves_equal(state, other)
     assert np.array_equal(guide._guides[0].prototype_trace["ys"]["value"], np.ones(8, np.float32))
+
+
+@pytest.mark.parametrize("public_data", [False, True])
+def test_no_random_subsample_of_the_plate_is_drawn_in_init(monkeypatch, public_data):
+    """NumPyro draws a random subsample of a plate's N (compiled anew for
+    every N); init never computes one, also inside an autoguide's set-up,
+    which runs the model under ``handlers.block``. The plate's key is still drawn: the
+    state is the one NumPyro's own subsample gives."""
+    xs, ys = _data()
+    key = d3p.random.PRNGKey(4)
+    kwargs = {"init_data": (xs[:5], ys[:5])} if public_data else {}
+    with monkeypatch.context() as m:   # the reference: NumPyro's own subsample
+        m.setattr(_public_init.BatchSubsample, "process_message", lambda self, msg: None)
+        reference = [_svi(guide=g(logistic_model)).init(key, xs[:16], ys[:16], **kwargs)
+                     for g in (AutoDiagonalNormal, AutoNormal)]
+
+    def refuse(*args, **kwargs):
+        # (an abstract trace of the model, which compiles nothing, may draw it)
+        if not isinstance(jnp.zeros(()) + 0, jax.core.Tracer):
+            raise AssertionError("a random subsample of the plate was drawn")
+        return real(*args, **kwargs)
+
+    real = numpyro.primitives._subsample_fn
+
+    monkeypatch.setattr(numpyro.primitives, "_subsample_fn", refuse)
+    for g, expected in zip((AutoDiagonalNormal, AutoNormal), reference):
+        assert _leaves_equal(_svi(guide=g(logistic_model)).init(key, xs[:16], ys[:16], **kwargs), expected)
 
 
 def test_a_guide_that_reads_the_data_gets_placeholders_or_the_public_init_data():
