@@ -442,6 +442,7 @@ def test_broken_gaussian_step_is_detected(monkeypatch, kind):
 DPSVI_SETTING = dict(dp_scale=2.0, q=0.5, num_steps=4)  # accountant: ε(1e-5) = 2.52
 
 
+@pytest.mark.slow
 def test_correct_dpsvi_respects_the_accountant():
     res = audit.audit_dpsvi(d3p.random.PRNGKey(21), 20_000, delta=DELTA, **DPSVI_SETTING)
     assert list(res.setting) == DPSVI_SETTING_KEYS  # the setting, in a fixed order
@@ -454,6 +455,7 @@ def test_correct_dpsvi_respects_the_accountant():
     assert not res.violation
 
 
+@pytest.mark.slow
 def test_correct_dpsvi_with_fixed_size_batches_respects_the_accountant():
     """The extreme substitute pair with the package's fixed-size sampler (B = 1 of N = 2)."""
     res = audit.audit_dpsvi(d3p.random.PRNGKey(23), 20_000, delta=DELTA, sampling="fixed", **DPSVI_SETTING)
@@ -495,6 +497,7 @@ def test_discrete_dpsvi_without_noise_is_detected_slow(monkeypatch):
     assert res.epsilon_lower > 2.0 * res.epsilon_accountant, res.summary()
 
 
+@pytest.mark.slow
 def test_dpsvi_with_noise_from_the_realised_batch_size_is_detected(monkeypatch):
     """Noise std divided by the realised number of records (the sum is not):
     under Poisson sampling the noise then shrinks with the batch and depends on

@@ -7,13 +7,14 @@ statistic rejects samplers with the kind of bias this module must not have:
 a 2-round and an 8-round Feistel network, and a subset distribution skewed
 by about ±14 % (frequencies 1524..1974 around 1667).
 
+The whole module runs in the slow step (CI's third; a long statistical run).
 Compiling a sampler costs far more than drawing 100,000 batches from it, so
 every sampler is compiled once per module and its batches serve all the tests
-that check them. The default step draws (the ``draws`` fixture) a single-pass case (N=10, B=3, through ``get_batch``), a
-loop case (N=17, B=16), the 2-round Feistel network of the power test and a
-Poisson sampler. The slow step draws the other cases (the other (N, B) of the
-same two code paths, B = N, N much larger than B, the 8-round Feistel network,
-more Poisson samplers) in ``slow_draws``, and repeats seeds.
+that check them. The ``draws`` fixture holds a single-pass case (N=10, B=3,
+through ``get_batch``), a loop case (N=17, B=16), the 2-round Feistel network
+of the power test and a Poisson sampler; ``slow_draws`` the other cases (the
+other (N, B) of the same two code paths, B = N, N much larger than B, the
+8-round Feistel network, more Poisson samplers), and repeats seeds.
 """
 
 import itertools
@@ -34,6 +35,8 @@ from d3p.minibatch import (
 )
 
 from _two_steps import marked_slow, outcome_of_step
+
+pytestmark = pytest.mark.slow
 
 ALPHA = 1e-4
 NUM_DRAWS = 100_000

@@ -20,6 +20,14 @@ def make_svi(noise="discrete", **kwargs):
 XS = jnp.linspace(0.0, 2.0, 200)
 
 
+def released_gradient(svi, state, xs, mask, expected_batch_size=None):
+    """The step's noisy gradient, compiled as one program (called eagerly, the
+    step would compile each of its operations on its own)."""
+    step = jax.jit(lambda state, xs, mask: noisy_gradient(svi, state, (xs,), {}, mask, expected_batch_size,
+                                                          False)[1])
+    return step(state, xs, mask)
+
+
 def test_update_releases_grid_multiples():
     # own_sample: the sum's grid shows in every parameter's step ("aligned", what "auto" is for
     # this guide, releases the sum over the draw, and the scale's step is it times the draw's eps)
@@ -28,10 +36,10 @@ def test_update_releases_grid_multiples():
     params = svi.get_params(state)
     plan = svi.discrete_plan(params)
     assert plan.num_params == 2 and plan.dp_scale == 1.0 and plan.clipping_threshold == 2.0
-    _, grad, _ = noisy_gradient(svi, state, (XS[:20],), {}, None, None, False)
+    grad = released_gradient(svi, state, XS[:20], None)
     # the same key with every record masked out: the same noise and the same prior
     # and guide terms (added once per step after the noise, see DPSVI's formulation)
-    _, nothing, _ = noisy_gradient(svi, state, (XS[:20],), {}, jnp.zeros(20, bool), None, False)
+    nothing = released_gradient(svi, state, XS[:20], jnp.zeros(20, bool))
     # the noisy sums are grid * integers, scaled by the public factor N / B
     factor = 200 / 20
     for g, g0 in zip(jax.tree.leaves(grad), jax.tree.leaves(nothing)):
@@ -40,7 +48,7 @@ def test_update_releases_grid_multiples():
     # with d3p 0.2's formulation the released gradient itself is such a multiple
     old = make_svi(formulation="per_record")
     old_state = old.init(d3p.random.PRNGKey(0), XS[:20])
-    _, grad, _ = noisy_gradient(old, old_state, (XS[:20],), {}, None, None, False)
+    grad = released_gradient(old, old_state, XS[:20], None)
     for g in jax.tree.leaves(grad):
         steps = np.asarray(g, np.float64) / factor / plan.grid
         np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)
@@ -85,8 +93,8 @@ def test_bad_settings(kwargs, match):
 def test_padded_batch_and_empty_batch_are_pure_noise():
     svi = make_svi()
     state = svi.init(d3p.random.PRNGKey(0), XS[:20])
-    _, grad_masked, _ = noisy_gradient(svi, state, (XS[:20],), {}, jnp.zeros(20, bool), 20, False)
-    _, grad_other, _ = noisy_gradient(svi, state, (XS[20:40] + 100.0,), {}, jnp.zeros(20, bool), 20, False)
+    grad_masked = released_gradient(svi, state, XS[:20], jnp.zeros(20, bool), 20)
+    grad_other = released_gradient(svi, state, XS[20:40] + 100.0, jnp.zeros(20, bool), 20)
     for a, b in zip(jax.tree.leaves(grad_masked), jax.tree.leaves(grad_other)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert np.all(np.isfinite(np.asarray(a)))

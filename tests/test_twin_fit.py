@@ -559,9 +559,13 @@ def test_cosine_decay_argument_messages():
     ({"num_records": 0}, "Expected num_records to be an integer >= 1, got num_records=0."),
     ({"num_records": 5, "num_param_draws": 0}, "Expected num_param_draws to be an integer >= 1, got num_param_draws=0."),
 ])
-def test_generate_argument_messages(fitted, kwargs, message):
+def test_generate_argument_messages(stub_run, kwargs, message):
+    # a twin whose fit is the stub's (its parameters are the initial ones): generate checks
+    # its arguments before it reads them
+    tw = twin.fit(small_frame(), 1.0, rng_key=d3p.random.PRNGKey(5), schema=explicit_schema(), num_steps=10,
+                  progress_bar=False)
     with pytest.raises(ValueError) as e:
-        fitted.twin.generate(rng_key=0, **kwargs)
+        tw.generate(rng_key=0, **kwargs)
     assert str(e.value) == message
 
 
