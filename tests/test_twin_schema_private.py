@@ -169,6 +169,7 @@ def _schema_outcomes(data, seeds):
     return out
 
 
+@pytest.mark.slow   # 600 private schemas (its power check, 20 of them, stays in the default step)
 def test_an_outlier_on_one_side_only_is_never_released():
     """D and D + one record (a wage 10x the maximum, a unique region): over 300 releases of each, the
     unique level and a bound at the outlier's power of two never appear (probability ≤ δ_thr per release,
