@@ -65,6 +65,7 @@ def test_schema_from_public_fields_is_the_same_for_neighbouring_tables():
     assert {c.name: c.output_dtype for c in sa.columns} == EXPECTED
 
 
+@pytest.mark.slow   # two twin fits; infer_schema and decode, which set the dtypes, are tested above and below
 def test_synthetic_dtypes_do_not_reveal_a_missing_value():
     """End to end: twins of two tables that differ in one missing value, with a
     public schema, produce synthetic tables with identical dtypes."""
