@@ -230,8 +230,7 @@ PLAIN_CASES = {
 }
 
 
-# the MLP (three layers, every strategy compiled) in the slow step
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "mlp" else c for c in PLAIN_CASES])
+@pytest.mark.parametrize("case", list(PLAIN_CASES))
 def test_plain_models_all_strategies_agree(case):
     loss, make_params, make_records, expected_ghost = PLAIN_CASES[case]
     rng = np.random.default_rng(len(case))
