@@ -95,9 +95,9 @@ class BatchSubsample(Messenger):
 
     NumPyro would draw a random subsample of the plate's ``N`` (a scan over
     the subsample on a vector of ``N`` indices, compiled anew for every ``N``
-    at an eager call: a third of a second for ``N = 40``, seconds for a large
-    ``N``), which DP-VI never uses: the batch is the data given. The site's
-    random key is still drawn, so the keys of the other sites are unchanged.
+    at an eager call: about a third of a second on a 2-core CPU), which DP-VI
+    never uses: the batch is the data given. The site's random key is still
+    drawn, so the keys of the other sites are unchanged.
     """
 
     def process_message(self, msg):
