@@ -158,13 +158,13 @@ def test_no_random_subsample_of_the_plate_is_drawn_in_init(monkeypatch, public_d
         reference = [_svi(guide=g(logistic_model)).init(key, xs[:16], ys[:16], **kwargs)
                      for g in (AutoDiagonalNormal, AutoNormal)]
 
+    real = numpyro.primitives._subsample_fn
+
     def refuse(*args, **kwargs):
         # (an abstract trace of the model, which compiles nothing, may draw it)
         if not isinstance(jnp.zeros(()) + 0, jax.core.Tracer):
             raise AssertionError("a random subsample of the plate was drawn")
         return real(*args, **kwargs)
-
-    real = numpyro.primitives._subsample_fn
 
     monkeypatch.setattr(numpyro.primitives, "_subsample_fn", refuse)
     for g, expected in zip((AutoDiagonalNormal, AutoNormal), reference):
