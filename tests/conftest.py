@@ -45,6 +45,43 @@ def _use_compilation_cache() -> None:
 
 _use_compilation_cache()
 
+#: The mark expression of the default step (``addopts`` in ``pyproject.toml``).
+DEFAULT_STEP_MARKEXPR = "not slow and not examples and not manual"
+
+#: XLA:CPU's flag for the default step: kernels from XLA's earlier (non-MLIR)
+#: fusion emitters, which compile in about two thirds of the time (a DPSVI
+#: step of the one-parameter model of ``tests/_normal_mean.py``: 0.66-0.78 s
+#: against 1.08-1.10 s; the whole default step cold: 450 s against 639 s on a
+#: 2-core machine) but run step-heavy programs about a quarter slower.
+LEGACY_EMITTERS_FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+
+def default_step_codegen(markexpr: str, environ=os.environ) -> bool:
+    """Whether this run compiles with :data:`LEGACY_EMITTERS_FLAG`: the
+    default step only (its time is nearly all compiling), unless
+    ``D3P_TEST_LEGACY_EMITTERS=0``. Every other step (the examples, the slow
+    statistical runs, the modules under 64-bit JAX) compiles with XLA's
+    default emitters, the code users run; the default step on the other
+    emitters then checks, besides, that no claim depends on how XLA:CPU
+    generates code (the certified sums and bounds are meant to hold for any
+    order of rounding)."""
+    return markexpr == DEFAULT_STEP_MARKEXPR and environ.get("D3P_TEST_LEGACY_EMITTERS", "1") != "0"
+
+
+def pytest_configure(config):
+    """Set :data:`LEGACY_EMITTERS_FLAG` in ``XLA_FLAGS`` for the default step
+    (:func:`default_step_codegen`), before anything starts a JAX backend (XLA
+    reads its flags once, when the backend starts); the subprocesses of its
+    tests inherit it."""
+    if not default_step_codegen(config.option.markexpr):
+        return
+    from jax._src import xla_bridge
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError("a JAX backend started before tests/conftest.py could set XLA_FLAGS")
+    flags = os.environ.get("XLA_FLAGS", "")
+    if LEGACY_EMITTERS_FLAG not in flags.split():
+        os.environ["XLA_FLAGS"] = f"{flags} {LEGACY_EMITTERS_FLAG}".strip()
+
 #: The modules CI runs a second time under 64-bit JAX (``JAX_ENABLE_X64=1
 #: pytest -m x64``, the fourth step), each with the reason: d3p's code takes
 #: another path there, or twinify (which enables x64) depends on it. Every

@@ -14,6 +14,7 @@ path (XLA's default on GPUs is TF32, whose rounding would break the bound).
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,9 @@ import d3p.random
 from d3p import gradients
 from d3p.gradients import clip_gradient, clipped_grad_sum, total_norm
 from d3p.svi import DPSVI
+
+#: whether XLA:CPU compiles with its earlier emitters here (the default test step: tests/conftest.py)
+_LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false" in os.environ.get("XLA_FLAGS", "").split()
 
 # name -> (strategy, chunk_size)
 STRATEGIES = {
@@ -460,7 +464,13 @@ def test_stacked_ghost_bounds_are_each_leafs_own_bit_for_bit():
     of other widths, a leaf of several rows in between (its own entry), a
     record with a non-finite entry (``inf`` bounds) and one of zeros; a
     float64 leaf makes an entry of its own. Power: the stacked leaves' own
-    bounds differ from each other, so a row given to the wrong leaf fails."""
+    bounds differ from each other, so a row given to the wrong leaf fails.
+
+    Bit for bit where XLA:CPU compiles with its default emitters (every CI
+    step but the default one); under the earlier emitters of the default step
+    (``tests/conftest.py``) XLA may sum a row in another order in the stacked
+    program than alone, and the bounds, valid for any order, agree within
+    2 units in the last place (seen: 1, a leaf of 30 inputs)."""
     from d3p import _ghost
 
     rng = np.random.default_rng(12)
@@ -489,7 +499,10 @@ def test_stacked_ghost_bounds_are_each_leafs_own_bit_for_bit():
         for i, leaf in enumerate(ids):
             got = (M[i], E[i]) if M.ndim == 2 else (M, E)
             for have, want in zip(got, alone[leaf]):
-                assert np.asarray(have).tobytes() == np.asarray(want).tobytes(), leaf
+                if _LEGACY_EMITTERS:
+                    np.testing.assert_array_max_ulp(np.asarray(have), np.asarray(want), maxulp=2)
+                else:
+                    assert np.asarray(have).tobytes() == np.asarray(want).tobytes(), leaf
     M, E = entries[(0, 2, 3)]
     assert np.all(np.isinf(np.asarray(M)[:, 4])) and np.all(np.isfinite(np.asarray(M)[:, :4]))
     for a, b in [(0, 2), (2, 3), (0, 3)]:

@@ -25,3 +25,22 @@ def test_readme_opens_with_two_commands():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert _readme_commands()[1] in ci.splitlines()
+
+
+def test_the_default_step_alone_compiles_with_the_legacy_emitters(request):
+    """``tests/conftest.py`` gives XLA:CPU its earlier emitters in the default
+    step only (``addopts``' mark expression): the other steps compile as users
+    do. Fails if the flag were set in another step, missing in the default
+    one, or the default expression drifted from ``pyproject.toml``."""
+    import os
+
+    import conftest
+
+    addopts = re.search(r'^addopts = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert f"-m '{conftest.DEFAULT_STEP_MARKEXPR}'" in addopts
+    for expr in ("slow", "examples", "x64 and not slow and not examples", "manual", ""):
+        assert not conftest.default_step_codegen(expr, {})
+    assert conftest.default_step_codegen(conftest.DEFAULT_STEP_MARKEXPR, {})
+    assert not conftest.default_step_codegen(conftest.DEFAULT_STEP_MARKEXPR, {"D3P_TEST_LEGACY_EMITTERS": "0"})
+    in_effect = conftest.LEGACY_EMITTERS_FLAG in os.environ.get("XLA_FLAGS", "").split()
+    assert in_effect == conftest.default_step_codegen(request.config.option.markexpr)
