@@ -49,12 +49,10 @@ _use_compilation_cache()
 DEFAULT_STEP_MARKEXPR = "not slow and not examples and not manual"
 
 #: XLA:CPU's flag for the default step: kernels from XLA's earlier (non-MLIR)
-#: fusion emitters, which compile in about two thirds of the time (a DPSVI
-#: step of the one-parameter model of ``tests/_normal_mean.py``: 0.66-0.78 s
-#: against 1.08-1.10 s; the whole default step cold: 450 s against 639 s on a
-#: 2-core machine) but run step-heavy programs about a quarter slower.
+#: fusion emitters, which compile in about two thirds of the time but run
+#: step-heavy programs about a quarter slower (``benchmarks/emitters_compile.py``;
+#: the figures in benchmarks/README.md).
 LEGACY_EMITTERS_FLAG = "--xla_cpu_use_fusion_emitters=false"
-
 
 #: The jaxlib releases whose XLA the flag was checked with; XLA stops the
 #: process at a flag it does not know, so a later release, which may have

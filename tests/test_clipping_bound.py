@@ -16,6 +16,7 @@ path (XLA's default on GPUs is TF32, whose rounding would break the bound).
 import functools
 import os
 
+import conftest
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,7 +32,7 @@ from d3p.gradients import clip_gradient, clipped_grad_sum, total_norm
 from d3p.svi import DPSVI
 
 #: whether XLA:CPU compiles with its earlier emitters here (the default test step: tests/conftest.py)
-_LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false" in os.environ.get("XLA_FLAGS", "").split()
+_LEGACY_EMITTERS = conftest.LEGACY_EMITTERS_FLAG in os.environ.get("XLA_FLAGS", "").split()
 
 # name -> (strategy, chunk_size)
 STRATEGIES = {

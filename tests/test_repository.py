@@ -1,7 +1,10 @@
 """The README's two commands and CI stay in step."""
 
+import os
 import pathlib
 import re
+
+import conftest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -33,10 +36,6 @@ def test_the_default_step_alone_compiles_with_the_legacy_emitters(request):
     do. Fails if the flag were set in another step, missing in the default
     one (on the jaxlib releases it was checked with), or the default
     expression drifted from ``pyproject.toml``."""
-    import os
-
-    import conftest
-
     addopts = re.search(r'^addopts = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
     assert f"-m '{conftest.DEFAULT_STEP_MARKEXPR}'" in addopts
     for expr in ("slow", "examples", "x64 and not slow and not examples", "manual", ""):
